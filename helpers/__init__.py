@@ -1,0 +1,1 @@
+"""Shared measuring helpers for the fast-diffusion notebooks."""

@@ -1,0 +1,152 @@
+"""Time callables, track peak memory and count FLOPs, the same honest way in every notebook."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Wall-clock samples of a callable after warm-up, with summary statistics in seconds."""
+
+    samples_s: list[float]
+    warmup: int
+    method: str
+
+    @property
+    def median_s(self) -> float:
+        """Median of the samples."""
+        return statistics.median(self.samples_s)
+
+    @property
+    def spread_s(self) -> float:
+        """Max minus min of the samples: the honest width of what was seen."""
+        return max(self.samples_s) - min(self.samples_s)
+
+    @property
+    def min_s(self) -> float:
+        """Fastest sample."""
+        return min(self.samples_s)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Peak memory during a call, what kind of number it is, and the baseline it is measured from."""
+
+    peak_bytes: int
+    baseline_bytes: int
+    kind: str
+
+    @property
+    def peak_gib(self) -> float:
+        """Peak in GiB."""
+        return self.peak_bytes / 2**30
+
+
+MEMORY_KINDS: dict[str, str] = {
+    "cuda_max_allocated": "CUDA caching allocator: torch.cuda.max_memory_allocated() during the call "
+    "(tensors only; excludes the CUDA context and allocator slack)",
+    "cpu_rss_sampled": "CPU: peak resident set size of the process, sampled every millisecond during "
+    "the call (includes the Python heap and allocator caches, so it is an upper bound on tensor memory)",
+}
+
+
+def synchronize(device: torch.device) -> None:
+    """Block until all queued work on device is done (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_callable(fn: Callable[[], Any], device: torch.device, *, repeats: int, warmup: int) -> Timing:
+    """Run fn warmup times untimed, then repeats times timed (CUDA events on GPU, synchronized clock on CPU)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    samples = []
+    if device.type == "cuda":
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        method = "cuda_events"
+    else:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        method = "perf_counter"
+    return Timing(samples_s=samples, warmup=warmup, method=method)
+
+
+def first_call_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    """Wall-clock seconds of one synchronized call (e.g. the compiling first call), and its result."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    return time.perf_counter() - t0, out
+
+
+def _rss_bytes() -> int:
+    """Resident set size of this process."""
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, Any]:
+    """Run fn once and return the peak memory it reached (CUDA allocator, or sampled RSS on CPU)."""
+    gc.collect()
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.empty_cache()
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = fn()
+        synchronize(device)
+        return Memory(torch.cuda.max_memory_allocated(device), baseline, "cuda_max_allocated"), out
+    baseline = _rss_bytes()
+    peak = [baseline]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out = fn()
+    finally:
+        done.set()
+        sampler.join()
+    peak[0] = max(peak[0], _rss_bytes())
+    return Memory(peak[0], baseline, "cpu_rss_sampled"), out
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """Floating-point operations of one call of fn, counted by torch.utils.flop_counter."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def fraction_of_peak(flops: float, seconds: float, peak_tflops: float) -> float:
+    """Achieved throughput (flops / seconds) as a fraction of the measured matmul peak."""
+    if seconds <= 0 or peak_tflops <= 0:
+        raise ValueError(f"seconds and peak_tflops must be positive, got {seconds}, {peak_tflops}")
+    return flops / seconds / (peak_tflops * 1e12)

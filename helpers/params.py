@@ -1,0 +1,180 @@
+"""Validate a notebook's parameters and resolve its profile before any heavy work."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from helpers import paths
+
+PROFILES: tuple[str, ...] = ("auto", "smoke", "full")
+MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# GPU memory the full profile needs: Flux-1-Dev in bf16 is ~33 GB of weights plus activations and
+# compile workspace; an 80 GB H100 and a 141 GB H200 both qualify, a 24 GB card does not.
+FULL_PROFILE_MIN_GPU_GIB = 40.0
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Workload of a profile: resolution, steps, text length and how many timed repeats."""
+
+    height: int
+    width: int
+    steps: int
+    guidance: float
+    max_sequence_length: int
+    warmup: int
+    repeats: int
+
+
+# full: the published setting (1024x1024, 28 steps, guidance 3.5, 512 text tokens).
+# smoke: the same code path on tiny models, small enough for a 2-core CPU in CI.
+PROFILE_SETTINGS: dict[str, ProfileSettings] = {
+    "full": ProfileSettings(1024, 1024, 28, 3.5, 512, warmup=2, repeats=5),
+    "smoke": ProfileSettings(128, 128, 2, 3.5, 32, warmup=1, repeats=3),
+}
+
+
+class ParameterError(ValueError):
+    """A notebook parameter has a value the notebook cannot run with."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """Everything a notebook needs to know about this run, resolved and validated."""
+
+    notebook: str
+    profile: str
+    profile_reason: str
+    model: str
+    weights: str
+    dtype_name: str
+    dtype: torch.dtype
+    device: torch.device
+    seed: int
+    results_dir: Path
+    figures_dir: Path
+    settings: ProfileSettings
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_cuda(self) -> bool:
+        """True when the run executes on a CUDA GPU."""
+        return self.device.type == "cuda"
+
+
+def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
+    """Return value if it is one of allowed, else raise naming the parameter and the choices."""
+    allowed = tuple(allowed)
+    if value not in allowed:
+        choices = ", ".join(repr(a) for a in allowed)
+        raise ParameterError(f"{name}={value!r} is not allowed; choose one of: {choices}")
+    return value
+
+
+def check_subset(name: str, values: Iterable[Any], allowed: Iterable[Any]) -> list[Any]:
+    """Return values as a non-empty list if each is in allowed, else raise naming the bad ones."""
+    values, allowed = list(values), tuple(allowed)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        choices = ", ".join(repr(a) for a in allowed)
+        what = f"contains {bad!r}" if bad else "is empty"
+        raise ParameterError(f"{name} {what}; each entry must be one of: {choices}")
+    return values
+
+
+def check_positive_ints(name: str, values: Iterable[Any], multiple_of: int = 1) -> list[int]:
+    """Return values as a non-empty list of positive ints divisible by multiple_of, else raise."""
+    values = list(values)
+    ok = values and all(isinstance(v, int) and v > 0 and v % multiple_of == 0 for v in values)
+    if not ok:
+        raise ParameterError(
+            f"{name}={values!r} must be a non-empty list of positive integers divisible by {multiple_of}"
+        )
+    return values
+
+
+def _check_weights(weights: str) -> str:
+    """Accept 'random', an existing local folder, or a hub id of the form org/name."""
+    if weights == "random":
+        return weights
+    if Path(weights).expanduser().is_dir():
+        return str(Path(weights).expanduser().resolve())
+    looks_like_path = weights.startswith((".", "/", "~")) or weights.count("/") != 1 or "\\" in weights
+    if looks_like_path or not re.fullmatch(r"[\w.-]+/[\w.-]+", weights):
+        raise ParameterError(
+            f"WEIGHTS={weights!r} is not usable: it is not an existing folder. Allowed: 'random' (seeded "
+            "random weights in the real architecture), an existing local folder saved with "
+            "save_pretrained, or a hub id such as 'black-forest-labs/FLUX.1-dev'"
+        )
+    return weights
+
+
+def _cuda_memory_gib() -> float:
+    """Total memory of CUDA device 0 in GiB, or 0 without CUDA."""
+    if not torch.cuda.is_available():
+        return 0.0
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def _resolve_profile(profile: str) -> tuple[str, str]:
+    """Turn PROFILE into smoke/full and say why."""
+    gib = _cuda_memory_gib()
+    name = torch.cuda.get_device_name(0) if gib else "no CUDA GPU"
+    big_enough = gib >= FULL_PROFILE_MIN_GPU_GIB
+    if profile == "auto":
+        if big_enough:
+            return "full", f"auto: {name} has {gib:.0f} GiB, enough for the full-size model"
+        why = f"{name} has {gib:.0f} GiB" if gib else "no CUDA GPU is visible"
+        return "smoke", f"auto: {why}; the full profile needs >= {FULL_PROFILE_MIN_GPU_GIB:.0f} GiB"
+    if profile == "full" and not big_enough:
+        raise ParameterError(
+            f"PROFILE='full' needs a CUDA GPU with >= {FULL_PROFILE_MIN_GPU_GIB:.0f} GiB; here: {name}"
+            f"{f' ({gib:.0f} GiB)' if gib else ''}. Use PROFILE='smoke' or 'auto'"
+        )
+    return profile, f"{profile}: chosen explicitly"
+
+
+def resolve(
+    notebook: str,
+    *,
+    PROFILE: str = "auto",
+    MODEL: str = "flux-dev",
+    WEIGHTS: str = "random",
+    DTYPE: str = "bf16",
+    SEED: int = 0,
+    RESULTS_DIR: str = "",
+    FIGURES_DIR: str = "",
+    models: Iterable[str] = MODELS,
+    **knobs: Any,
+) -> Run:
+    """Validate the common parameters of a notebook and return the resolved Run."""
+    check_choice("PROFILE", PROFILE, PROFILES)
+    check_choice("MODEL", MODEL, tuple(models))
+    check_choice("DTYPE", DTYPE, tuple(DTYPES))
+    if not isinstance(SEED, int):
+        raise ParameterError(f"SEED={SEED!r} must be an integer")
+    weights = _check_weights(str(WEIGHTS))
+    profile, reason = _resolve_profile(PROFILE)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return Run(
+        notebook=notebook,
+        profile=profile,
+        profile_reason=reason,
+        model=MODEL,
+        weights=weights,
+        dtype_name=DTYPE,
+        dtype=DTYPES[DTYPE],
+        device=device,
+        seed=SEED,
+        results_dir=Path(RESULTS_DIR).expanduser().resolve() if RESULTS_DIR else paths.RESULTS_DIR,
+        figures_dir=Path(FIGURES_DIR).expanduser().resolve() if FIGURES_DIR else paths.FIGURES_DIR,
+        settings=PROFILE_SETTINGS[profile],
+        knobs=dict(knobs),
+    )

@@ -1,0 +1,10 @@
+"""Where the project's folders are, independent of the working directory."""
+
+from pathlib import Path
+
+ROOT: Path = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR: Path = ROOT / "notebooks"
+DATA_DIR: Path = ROOT / "data"
+RESULTS_DIR: Path = DATA_DIR / "results"
+REFERENCE_DIR: Path = DATA_DIR / "reference"
+FIGURES_DIR: Path = ROOT / "figures"

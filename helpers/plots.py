@@ -1,0 +1,58 @@
+"""Plots in one house style, saved under figures/<hardware>/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib.pyplot as plt
+
+from helpers.params import Run
+
+
+def figure_path(run: Run, hardware: str, name: str) -> Path:
+    """Where a notebook's figure goes: <figures>/<hardware>/<notebook>_<name>.png."""
+    return run.figures_dir / hardware / f"{run.notebook}_{name}.png"
+
+
+def save(fig: "plt.Figure", run: Run, hardware: str, name: str) -> Path:
+    """Save fig as PNG under the run's figures folder and return the path."""
+    path = figure_path(run, hardware, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str,
+         errors: Sequence[float] | None = None, note: str = "") -> "plt.Figure":
+    """A labelled bar chart (optionally with error bars) with the value printed on each bar."""
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
+    bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.bar_label(bars_, fmt="%.3g", padding=2, fontsize=8)
+    if note:
+        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#555")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def lines(x: Sequence[float], series: dict[str, Sequence[float]], *, title: str, xlabel: str, ylabel: str,
+          logy: bool = False, note: str = "") -> "plt.Figure":
+    """A labelled line chart, one line per series, markers on the measured points."""
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for label, ys in series.items():
+        ax.plot(x, ys, marker="o", label=label)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
+    if note:
+        ax.text(0.99, 0.03, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#555")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

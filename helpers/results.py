@@ -1,0 +1,180 @@
+"""Result rows: one per measurement, appended atomically under <results>/<hardware>/<notebook>.jsonl."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from helpers.environment import EnvironmentCard
+from helpers.measure import Memory, Timing
+from helpers.params import Run
+
+SCHEMA_VERSION = 1
+STATUSES: tuple[str, ...] = ("ok", "skipped", "oom", "failed")
+
+
+@dataclass
+class Row:
+    """One measurement. Fields that do not apply stay None; 'extra' holds notebook-specific values."""
+
+    notebook: str
+    scenario: str
+    status: str
+    reason: str
+    model: str
+    profile: str
+    weights: str
+    dtype: str
+    hardware: str
+    device_name: str
+    steps: int
+    height: int
+    width: int
+    latency_median_s: float | None = None
+    latency_spread_s: float | None = None
+    latency_samples_s: list[float] | None = None
+    timing_method: str | None = None
+    peak_memory_bytes: int | None = None
+    memory_kind: str | None = None
+    compile_s: float | None = None
+    recompiles: int | None = None
+    graph_breaks: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    peak_tflops: float | None = None
+    git_rev: str = "unknown"
+    run_id: str = ""
+    timestamp: str = ""
+    schema: int = SCHEMA_VERSION
+
+
+def _clean(value: Any) -> Any:
+    """Make a value JSON-safe: tensors and numpy scalars to Python, NaN/inf to strings."""
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Append rows to a JSON-lines file atomically: earlier lines are kept, and a crash leaves the old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_bytes() if path.exists() else b""
+    if old and not old.endswith(b"\n"):
+        raise ValueError(f"{path} does not end with a newline; refusing to append to a damaged results file")
+    new = "".join(json.dumps(_clean(r), sort_keys=True) + "\n" for r in rows).encode()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(old + new)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResultWriter:
+    """Writes the rows of one notebook run; every row carries the run's id, card and parameters."""
+
+    def __init__(self, run: Run, card: EnvironmentCard) -> None:
+        """Prepare a writer for run on the hardware the card describes; nothing is written yet."""
+        self.run, self.card = run, card
+        self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        self.path = run.results_dir / card.hardware / f"{run.notebook}.jsonl"
+        self.rows: list[Row] = []
+
+    def record(
+        self,
+        scenario: str,
+        *,
+        timing: Timing | None = None,
+        memory: Memory | None = None,
+        status: str = "ok",
+        reason: str = "",
+        **fields: Any,
+    ) -> Row:
+        """Build a row from the measurements given and append it to the results file at once."""
+        if status not in STATUSES:
+            raise ValueError(f"status={status!r}; allowed: {STATUSES}")
+        if status != "ok" and not reason:
+            raise ValueError(f"a row with status {status!r} needs a reason")
+        s = self.run.settings
+        base = dict(
+            steps=s.steps, height=s.height, width=s.width, dtype=self.run.dtype_name, model=self.run.model,
+        )
+        known = {f for f in Row.__dataclass_fields__}
+        extra = {k: v for k, v in fields.items() if k not in known}
+        base.update({k: v for k, v in fields.items() if k in known})
+        row = Row(
+            notebook=self.run.notebook, scenario=scenario, status=status, reason=reason,
+            profile=self.run.profile, weights=self.run.weights, hardware=self.card.hardware,
+            device_name=self.card.device_name, versions=self.card.versions, git_rev=self.card.git_rev,
+            peak_tflops=self.card.peak_tflops, run_id=self.run_id,
+            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), **base,
+        )
+        row.extra.update(extra)
+        if timing is not None:
+            row.latency_median_s, row.latency_spread_s = timing.median_s, timing.spread_s
+            row.latency_samples_s, row.timing_method = list(timing.samples_s), timing.method
+        if memory is not None:
+            row.peak_memory_bytes, row.memory_kind = memory.peak_bytes, memory.kind
+        append_rows(self.path, [asdict(row)])
+        self.rows.append(row)
+        return row
+
+    def table(self) -> pd.DataFrame:
+        """This run's rows as a display table with units in the column names."""
+        return rows_table(pd.DataFrame([asdict(r) for r in self.rows]))
+
+
+def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str | None = None,
+              latest_run_only: bool = True) -> pd.DataFrame:
+    """All rows under results_dir (optionally one hardware / notebook), by default only each notebook's latest run."""
+    pattern = f"{hardware or '*'}/{notebook or '*'}.jsonl"
+    records = []
+    for path in sorted(Path(results_dir).glob(pattern)):
+        with open(path) as f:
+            for i, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as err:
+                        raise ValueError(f"{path}:{i} is not a JSON row: {err}") from err
+    df = pd.DataFrame(records)
+    if df.empty or not latest_run_only:
+        return df
+    latest = df.groupby(["hardware", "notebook"])["run_id"].transform("max")
+    return df[df["run_id"] == latest].reset_index(drop=True)
+
+
+def rows_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Compact display of rows: scenario, status, latency (s), spread (s), peak memory (GiB), compile (s)."""
+    if df.empty:
+        return df
+    out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
+    out["latency median (s)"] = df["latency_median_s"]
+    out["spread max-min (s)"] = df["latency_spread_s"]
+    out["peak memory (GiB)"] = df["peak_memory_bytes"].map(lambda b: None if pd.isna(b) else b / 2**30)
+    out["compile (s)"] = df["compile_s"]
+    for col in ("recompiles", "graph_breaks"):
+        if df[col].notna().any():
+            out[col.replace("_", " ")] = df[col]
+    if (df["status"] != "ok").any():
+        out["reason"] = df["reason"]
+    return out.dropna(axis=1, how="all")

@@ -1,0 +1,51 @@
+"""Run a notebook with papermill on the smoke profile into a temporary folder and read back its rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pandas as pd
+import papermill
+
+from helpers import paths, results
+
+CELL_TIMEOUT_S = 900
+
+
+@dataclass
+class NotebookRun:
+    """An executed notebook and the rows it wrote."""
+
+    notebook: nbformat.NotebookNode
+    rows: pd.DataFrame
+    results_dir: Path
+    figures_dir: Path
+
+    def row(self, scenario: str) -> pd.Series:
+        """The single row of a scenario (fails if there is not exactly one)."""
+        hit = self.rows[self.rows["scenario"] == scenario]
+        assert len(hit) == 1, f"expected one row {scenario!r}, found {len(hit)}: {sorted(self.rows['scenario'])}"
+        return hit.iloc[0]
+
+    def text(self) -> str:
+        """All text outputs of the executed notebook, for assertions on what it printed."""
+        out = []
+        for cell in self.notebook.cells:
+            for o in cell.get("outputs", []):
+                out.append(o.get("text", "") or str(o.get("data", {}).get("text/plain", "")))
+        return "\n".join(out)
+
+
+def run_notebook(name: str, tmp_path: Path, **parameters: Any) -> NotebookRun:
+    """Execute notebooks/<name>.ipynb on the smoke profile (plus parameters) with kernel python3."""
+    res, figs = tmp_path / "results", tmp_path / "figures"
+    params = dict(PROFILE="smoke", RESULTS_DIR=str(res), FIGURES_DIR=str(figs)) | parameters
+    out = tmp_path / f"{name}.executed.ipynb"
+    papermill.execute_notebook(
+        str(paths.NOTEBOOKS_DIR / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",
+        cwd=str(paths.NOTEBOOKS_DIR), execution_timeout=CELL_TIMEOUT_S, progress_bar=False,
+    )
+    return NotebookRun(nbformat.read(out, as_version=4), results.read_rows(res, notebook=name), res, figs)

@@ -1,0 +1,44 @@
+"""Stored notebooks: no outputs, a parameters cell, ordered names, the template's sections, the right kernel."""
+
+import json
+import re
+
+import pytest
+
+from helpers import paths
+
+NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
+SECTIONS = ("What you will learn", "Runs on", "## Parameters", "## Setup", "## 1.", "## Results",
+            "## What we measured vs what was published", "## Takeaways", "## Further reading")
+
+
+def test_names_are_ordered_and_contiguous():
+    assert NOTEBOOKS, "no notebooks found"
+    numbers = []
+    for nb in NOTEBOOKS:
+        m = re.fullmatch(r"(\d\d)_[a-z0-9_]+\.ipynb", nb.name)
+        assert m, f"{nb.name}: names are NN_lowercase_words.ipynb"
+        numbers.append(int(m.group(1)))
+    assert numbers == list(range(len(numbers))), f"numbers must run 00, 01, ... without gaps: {numbers}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_hygiene(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "outputs stored"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    tagged = [i for i, c in enumerate(nb["cells"]) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
+    assert nb["cells"][tagged[0]] is code[0], "the parameters cell is the first code cell"
+    params = "".join(code[0]["source"])
+    for name in ("PROFILE", "MODEL", "WEIGHTS", "SEED", "RESULTS_DIR", "FIGURES_DIR"):
+        assert re.search(rf"^{name} = ", params, re.M), f"parameters cell lacks {name}"
+    text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert text.startswith(f"# {path.stem[:2]} · "), "title '# NN · ...' first"
+    missing = [s for s in SECTIONS if s not in text]
+    assert not missing, f"template sections missing: {missing}"
+    setup = "".join(code[1]["source"])
+    assert f'session.start("{path.stem}"' in setup, "the setup cell starts the session under the file's own name"
+    measuring = re.compile(r"time\.perf_counter|cuda\.Event|max_memory_allocated|FlopCounterMode")
+    assert not any(measuring.search("".join(c["source"])) for c in code), "measuring code belongs in helpers/"

@@ -1,0 +1,65 @@
+"""Timing statistics, memory and FLOP counting of helpers.measure."""
+
+import time
+
+import pytest
+import torch
+
+from helpers import environment, measure
+
+CPU = torch.device("cpu")
+
+
+def test_time_callable_counts_warmup_and_repeats():
+    calls = []
+    t = measure.time_callable(lambda: calls.append(1), CPU, repeats=5, warmup=2)
+    assert len(calls) == 7 and len(t.samples_s) == 5 and t.warmup == 2 and t.method == "perf_counter"
+
+
+def test_timing_statistics_track_real_sleeps():
+    t = measure.time_callable(lambda: time.sleep(0.02), CPU, repeats=3, warmup=0)
+    assert 0.015 < t.median_s < 0.2 and t.min_s <= t.median_s and t.spread_s >= 0
+    fixed = measure.Timing(samples_s=[3.0, 1.0, 2.0, 10.0, 4.0], warmup=0, method="x")
+    assert fixed.median_s == 3.0 and fixed.spread_s == 9.0 and fixed.min_s == 1.0
+
+
+def test_time_callable_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats"):
+        measure.time_callable(lambda: None, CPU, repeats=0, warmup=0)
+
+
+def test_peak_memory_sees_a_large_allocation():
+    def allocate():
+        x = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, touched
+        time.sleep(0.05)
+        return int(x[-1])
+
+    mem, out = measure.peak_memory(allocate, CPU)
+    assert out == 1 and mem.kind == "cpu_rss_sampled"
+    assert mem.peak_bytes - mem.baseline_bytes > 48 * 2**20
+
+
+def test_flop_count_of_a_matmul():
+    a, b = torch.randn(64, 32), torch.randn(32, 16)
+    assert measure.count_flops(lambda: a @ b) == 2 * 64 * 32 * 16
+
+
+def test_fraction_of_peak():
+    assert measure.fraction_of_peak(2e12, 2.0, 2.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        measure.fraction_of_peak(1.0, 0.0, 1.0)
+
+
+def test_environment_card_on_cpu():
+    card = environment.environment_card(CPU, torch.float32)
+    assert card.hardware == "cpu" and card.peak_tflops > 0 and card.versions["torch"].startswith("2.13.0")
+    assert card.device_memory_gib == 0.0 and "CPU threads" in card.peak_note
+    assert dict(card.as_table())["version: diffusers"] == "0.42.1"
+
+
+def test_hardware_slug(monkeypatch):
+    for name, slug in [("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H200", "h200"),
+                       ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb")]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a, n=name: n)
+        got = environment.hardware_slug(torch.device("cuda"))
+        assert got == slug, (name, got)

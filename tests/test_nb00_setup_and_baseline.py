@@ -1,0 +1,27 @@
+"""Notebook 00 on the smoke profile: baseline, per-component split, FLOPs and fraction of peak."""
+
+import math
+
+import pytest
+
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+
+def test_baseline_rows(tmp_path):
+    nb = run_notebook("00_setup_and_baseline", tmp_path)
+    base = nb.row("pipeline eager")
+    assert base["status"] == "ok" and base["profile"] == "smoke" and base["hardware"] == "cpu"
+    assert base["latency_median_s"] > 0 and len(base["latency_samples_s"]) == 3
+    assert base["peak_memory_bytes"] > 0 and base["memory_kind"] == "cpu_rss_sampled"
+    parts = {s: nb.row(s) for s in ("text encoders", "denoiser step", "vae decode")}
+    assert all(p["latency_median_s"] > 0 for p in parts.values())
+    assert parts["denoiser step"]["extra"]["calls_per_image"] == base["steps"] == 2
+    flops = nb.row("denoiser flops")["extra"]
+    assert flops["flops_per_step"] > 0 and 0 < flops["fraction_of_peak"] < 1.5
+    assert math.isclose(flops["floor_s_for_all_steps"],
+                        2 * flops["flops_per_step"] / (base["peak_tflops"] * 1e12), rel_tol=1e-6)
+    assert set(nb.rows["run_id"]) == {base["run_id"]}
+    assert (nb.figures_dir / "cpu" / "00_setup_and_baseline_time_per_component.png").stat().st_size > 1000
+    assert "not measured" in nb.text()

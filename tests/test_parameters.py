@@ -1,0 +1,64 @@
+"""Parameter validation: wrong values fail fast with the allowed ones named, and write nothing."""
+
+import time
+
+import papermill
+import pytest
+
+from helpers import params, paths
+
+
+@pytest.mark.parametrize("name,value,allowed", [
+    ("PROFILE", "bogus", "'auto', 'smoke', 'full'"),
+    ("MODEL", "sd15", "'flux-dev', 'sdxl'"),
+    ("DTYPE", "int3", "'bf16', 'fp16', 'fp32'"),
+])
+def test_unknown_choice_names_allowed_values(name, value, allowed):
+    with pytest.raises(params.ParameterError, match=allowed):
+        params.resolve("00_setup_and_baseline", **{name: value})
+
+
+def test_missing_weights_folder(tmp_path):
+    with pytest.raises(params.ParameterError, match="WEIGHTS=.*not an existing folder.*'random'"):
+        params.resolve("x", WEIGHTS=str(tmp_path / "nope"))
+    with pytest.raises(params.ParameterError, match="WEIGHTS"):
+        params.resolve("x", WEIGHTS="./models/flux")
+    assert params.resolve("x", WEIGHTS=str(tmp_path)).weights == str(tmp_path.resolve())
+    assert params.resolve("x", WEIGHTS="black-forest-labs/FLUX.1-dev").weights == "black-forest-labs/FLUX.1-dev"
+
+
+def test_full_profile_without_big_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(params, "_cuda_memory_gib", lambda: 0.0)
+    with pytest.raises(params.ParameterError, match="PROFILE='full' needs a CUDA GPU"):
+        params.resolve("x", PROFILE="full")
+    run = params.resolve("x", PROFILE="auto")
+    assert run.profile == "smoke" and "no CUDA GPU" in run.profile_reason
+
+
+def test_list_knobs():
+    assert params.check_positive_ints("RESOLUTIONS", [64, 128], 16) == [64, 128]
+    for bad in ([], [64, 100], [0], ["64"]):
+        with pytest.raises(params.ParameterError, match="RESOLUTIONS"):
+            params.check_positive_ints("RESOLUTIONS", bad, 16)
+    with pytest.raises(params.ParameterError, match="'default'"):
+        params.check_subset("MODES", ["turbo"], ["default", "max-autotune"])
+
+
+def _snapshot():
+    return sorted(str(p) for p in paths.RESULTS_DIR.rglob("*")) if paths.RESULTS_DIR.exists() else []
+
+
+@pytest.mark.notebook
+def test_bogus_profile_through_papermill_fails_fast_and_writes_nothing(tmp_path):
+    before = _snapshot()
+    t0 = time.perf_counter()
+    with pytest.raises(papermill.PapermillExecutionError) as err:
+        papermill.execute_notebook(
+            str(paths.NOTEBOOKS_DIR / "00_setup_and_baseline.ipynb"), str(tmp_path / "out.ipynb"),
+            parameters={"PROFILE": "bogus"}, kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR),
+            progress_bar=False, execution_timeout=120,
+        )
+    elapsed = time.perf_counter() - t0
+    assert "PROFILE='bogus' is not allowed; choose one of: 'auto', 'smoke', 'full'" in str(err.value)
+    assert elapsed < 60, f"the bad parameter took {elapsed:.0f} s to be reported"
+    assert _snapshot() == before, "a failed validation wrote under data/results/"

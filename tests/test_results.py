@@ -1,0 +1,87 @@
+"""Result rows: schema, atomic appends, reruns keep earlier rows, latest-run reading, the report."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import environment, measure, params, report, results
+
+
+@pytest.fixture
+def session(tmp_path):
+    run = params.resolve("00_setup_and_baseline", PROFILE="smoke", RESULTS_DIR=str(tmp_path))
+    card = environment.environment_card(torch.device("cpu"), torch.float32)
+    return run, card
+
+
+def test_row_schema_and_append(session, tmp_path):
+    run, card = session
+    w = results.ResultWriter(run, card)
+    t = measure.Timing([1.0, 2.0, 3.0], warmup=1, method="perf_counter")
+    m = measure.Memory(2**30, 0, "cpu_rss_sampled")
+    row = w.record("pipeline eager", timing=t, memory=m, flops_per_step=123)
+    lines = (tmp_path / "cpu" / "00_setup_and_baseline.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data["latency_median_s"] == 2.0 and data["latency_samples_s"] == [1.0, 2.0, 3.0]
+    assert data["extra"] == {"flops_per_step": 123} and data["schema"] == results.SCHEMA_VERSION
+    assert data["versions"]["torch"].startswith("2.13.0") and data["run_id"] == row.run_id
+    assert set(data) == set(results.Row.__dataclass_fields__)
+
+
+def test_rerun_appends_and_reader_takes_latest(session, tmp_path):
+    run, card = session
+    first = results.ResultWriter(run, card)
+    first.record("a", compile_s=1.0)
+    second = results.ResultWriter(run, card)
+    second.run_id = first.run_id[:-1] + "z"  # later id, same second
+    second.record("a", compile_s=2.0)
+    allrows = results.read_rows(tmp_path, latest_run_only=False)
+    assert list(allrows["compile_s"]) == [1.0, 2.0], "the rerun destroyed earlier rows"
+    latest = results.read_rows(tmp_path)
+    assert list(latest["compile_s"]) == [2.0]
+
+
+def test_status_needs_reason(session):
+    w = results.ResultWriter(*session)
+    with pytest.raises(ValueError, match="reason"):
+        w.record("offload", status="skipped")
+    with pytest.raises(ValueError, match="allowed"):
+        w.record("offload", status="maybe", reason="x")
+    assert w.record("offload", status="skipped", reason="needs CUDA").reason == "needs CUDA"
+
+
+def test_damaged_file_is_not_overwritten(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n{"trunc')
+    with pytest.raises(ValueError, match="damaged"):
+        results.append_rows(path, [{"b": 2}])
+    assert path.read_text() == '{"a": 1}\n{"trunc'
+    with pytest.raises(ValueError, match="not a JSON row"):
+        results.read_rows(tmp_path.parent, hardware=tmp_path.name, notebook="x")
+
+
+def test_report_marks_smoke_as_not_measured_and_compares_full(session):
+    run, card = session
+    rows = pd.DataFrame([
+        dict(hardware="cpu", notebook="03_torch_compile", profile="smoke", model="flux-dev",
+             scenario="pipeline eager", status="ok", latency_median_s=1.0),
+    ])
+    table = report.compare(rows, "03_torch_compile")
+    assert (table["measured"] == "—").all() and table["verdict"].str.startswith("not measured").all()
+    gpu = pd.DataFrame([
+        dict(hardware="h200", notebook="03_torch_compile", profile="full", model="flux-dev",
+             scenario="pipeline eager", status="ok", latency_median_s=6.0),
+        dict(hardware="h200", notebook="03_torch_compile", profile="full", model="flux-dev",
+             scenario="pipeline compiled (default)", status="ok", latency_median_s=4.0),
+    ])
+    row = report.compare(gpu, "03_torch_compile").set_index("comparison").loc["compile-speedup"]
+    assert row["measured"] == "1.50x" and row["published"] == "1.49x" and row["verdict"] == "within ±15%"
+    eager = pd.DataFrame([dict(hardware="h200", notebook="00_setup_and_baseline", profile="full",
+                               model="flux-dev", scenario="pipeline eager", status="ok",
+                               latency_median_s=6.0, peak_memory_bytes=40 * 2**30)])
+    t = report.compare(eager, "00_setup_and_baseline").set_index("comparison")
+    assert t.loc["eager-latency", "verdict"].startswith("not compared: absolute figure from H100")
+    assert t.loc["eager-peak-memory", "verdict"] == "worse than published"
