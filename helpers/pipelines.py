@@ -1,0 +1,324 @@
+"""Build the notebooks' diffusion pipelines: the real diffusers classes, from shipped configs or real weights.
+
+`weights="random"` assembles FluxPipeline / StableDiffusionXLPipeline from `data/configs/<model>/<profile>/`
+with seeded random weights, created directly on the target device in the target dtype, and the project's own
+small tokenizers from `data/tokenizers/`. A local folder or a hub id goes through the pipeline's real
+`from_pretrained`. Nothing here times or measures anything (that is `helpers.measure`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import diffusers
+import torch
+import transformers
+from diffusers import (
+    AutoencoderKL,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
+from transformers import (
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    T5EncoderModel,
+    T5TokenizerFast,
+)
+from transformers.initialization import no_init_weights
+
+from helpers import paths
+
+MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
+PROFILES: tuple[str, ...] = ("smoke", "full")
+DENOISER: dict[str, str] = {"flux-dev": "transformer", "sdxl": "unet"}
+
+CONFIGS_DIR: Path = paths.DATA_DIR / "configs"
+TOKENIZERS_DIR: Path = paths.DATA_DIR / "tokenizers"
+PROMPT = "a photo of a cat holding a sign"
+WEIGHT_CHOICES = ("'random' (seeded random weights in the architecture of data/configs), an existing local "
+                  "folder saved with save_pretrained, or a hub id org/name such as 'black-forest-labs/FLUX.1-dev'")
+
+_PIPELINE_CLASS: dict[str, type[diffusers.DiffusionPipeline]] = {
+    "flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline,
+}
+# Model components in the order count_parameters reports them: denoiser, text encoders, VAE.
+_MODEL_CLASSES: dict[str, dict[str, type[torch.nn.Module]]] = {
+    "flux-dev": {"transformer": FluxTransformer2DModel, "text_encoder": CLIPTextModel,
+                 "text_encoder_2": T5EncoderModel, "vae": AutoencoderKL},
+    "sdxl": {"unet": UNet2DConditionModel, "text_encoder": CLIPTextModel,
+             "text_encoder_2": CLIPTextModelWithProjection, "vae": AutoencoderKL},
+}
+_SCHEDULER_CLASS: dict[str, type] = {"flux-dev": FlowMatchEulerDiscreteScheduler, "sdxl": EulerDiscreteScheduler}
+# Pipeline tokenizer slot -> (folder under data/tokenizers, class the real pipeline names).
+_TOKENIZERS: dict[str, dict[str, tuple[str, type]]] = {
+    "flux-dev": {"tokenizer": ("clip", CLIPTokenizer), "tokenizer_2": ("t5", T5TokenizerFast)},
+    "sdxl": {"tokenizer": ("clip", CLIPTokenizer), "tokenizer_2": ("clip", CLIPTokenizer)},
+}
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Sinusoidal time embedders (Flux: timestep and guidance; UNet: timestep) whose first layer _randomise tapers.
+_TIME_EMBEDDERS = ("timestep_embedder", "guidance_embedder", "time_embedding")
+# SDXL's denoiser inputs are taken at the first step of a schedule of this many steps (the full profile's).
+_SDXL_REFERENCE_STEPS = 28
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    """Return value if allowed, else raise ValueError naming the parameter and the allowed values."""
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; choose one of: {', '.join(map(repr, allowed))}")
+    return value
+
+
+def config_dir(model: str, profile: str) -> Path:
+    """Folder holding the component configs of a model at a profile (data/configs/<model>/<profile>)."""
+    _check_choice("MODEL", model, MODELS)
+    _check_choice("PROFILE", profile, PROFILES)
+    return CONFIGS_DIR / model / profile
+
+
+def _model_from_config(cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """Instantiate a diffusers or transformers model class from the config in folder (no weights loaded)."""
+    if not issubclass(cls, transformers.PreTrainedModel):
+        return cls.from_config(cls.load_config(folder))
+    config = cls.config_class.from_pretrained(folder)
+    # transformers 5 builds sub-models in config.dtype (the published configs say float16/bfloat16), not in the
+    # default dtype, and ties embeddings inside the init_weights that no_init_weights switches off.
+    config.dtype = dtype
+    model = cls(config)
+    model.tie_weights()
+    return model
+
+
+@contextlib.contextmanager
+def _created_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """New parameters are allocated on device in dtype and left uninitialised (torch and transformers init off)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device), no_init_weights():
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _build_models(model: str, profile: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+    """Every model component of a pipeline, instantiated from data/configs on device in dtype, uninitialised."""
+    folder = config_dir(model, profile)
+    with _created_on(device, dtype):
+        return {name: _model_from_config(cls, folder / name, dtype) for name, cls in _MODEL_CLASSES[model].items()}
+
+
+def _component_seed(seed: int, name: str) -> int:
+    """A per-component seed, so one component's weights do not depend on another's size."""
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % 2**63
+
+
+@torch.no_grad()
+def _randomise(module: torch.nn.Module, seed: int) -> None:
+    """Seeded init that keeps activations modest in fp32, bf16 and fp16.
+
+    Matrices and conv kernels get N(0, 1/fan_in), so each layer roughly preserves the scale of its input; norm
+    layers get weight 1 and bias 0, other biases 0; time embeddings are tapered (_time_tapers). Values are drawn
+    and tapered in fp32 one tensor at a time, then cast once, so builds in different dtypes hold the same
+    weights up to one rounding."""
+    device = next(module.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tapers = _time_tapers(module)
+    seen: set[int] = set()
+    for mod in module.modules():
+        is_norm = "norm" in type(mod).__name__.lower()
+        for name, param in mod.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            if is_norm:
+                param.fill_(1.0 if name == "weight" else 0.0)
+            elif param.ndim >= 2:
+                fan_in = param[0].numel()
+                draw = torch.empty(param.shape, dtype=torch.float32, device=device).normal_(
+                    0.0, fan_in**-0.5, generator=gen)
+                if id(param) in tapers:
+                    draw *= tapers[id(param)].to(device)
+                param.copy_(draw)
+            else:
+                param.zero_()
+
+
+def _time_tapers(module: torch.nn.Module) -> dict[int, torch.Tensor]:
+    """Column tapers for the first layer of each timestep/guidance embedder, keyed by id of its weight.
+
+    Those layers read sinusoids sin(t * f) for f from 1 down to 1e-4, with t up to 1000 (Flux: guidance up to
+    ~4000). Random weights make the output depend on the highest frequencies, so the rounding of t in bf16 (3500
+    becomes 3504) would change the whole output. Trained embedders vary smoothly with t; we taper each input
+    column by exp(-(f / 0.01)^2), rescaled to keep the layer's output scale, so embeddings still separate
+    timesteps but ignore bf16 rounding of t."""
+    tapers: dict[int, torch.Tensor] = {}
+    for name, mod in module.named_modules():
+        linear = getattr(mod, "linear_1", None)
+        if name.rsplit(".", 1)[-1] not in _TIME_EMBEDDERS or not isinstance(linear, torch.nn.Linear):
+            continue
+        half = linear.in_features // 2
+        freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / half)
+        taper = torch.exp(-((freqs / 0.01) ** 2)).repeat(2)
+        taper *= (taper.numel() / taper.square().sum()).sqrt()
+        tapers[id(linear.weight)] = taper
+    return tapers
+
+
+def _resolve_weights(weights: str) -> str:
+    """'random', an existing folder (resolved), or a hub id; anything else raises ValueError naming WEIGHTS."""
+    if weights == "random":
+        return weights
+    path = Path(weights).expanduser()
+    if path.is_dir():
+        return str(path.resolve())
+    if weights.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", weights):
+        raise ValueError(f"WEIGHTS={weights!r} is not usable: it is not an existing folder. Allowed: {WEIGHT_CHOICES}")
+    return weights
+
+
+def _check_saved_pipeline(model: str, folder: Path) -> None:
+    """Refuse a local folder whose model_index.json names another pipeline class than the model's."""
+    index = folder / "model_index.json"
+    expected = _PIPELINE_CLASS[model].__name__
+    found = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
+    if found is not None and found != expected:
+        raise ValueError(f"WEIGHTS={str(folder)!r} holds a {found}, but MODEL={model!r} needs a {expected}")
+
+
+def build_pipeline(
+    model: str,
+    profile: str,
+    *,
+    weights: str = "random",
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+) -> diffusers.DiffusionPipeline:
+    """The model's real diffusers pipeline on device in dtype, with seeded random or pretrained weights."""
+    config_dir(model, profile)
+    if dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed; choose one of: {', '.join(map(str, _FLOAT_DTYPES))}")
+    device = torch.device(device)
+    source = _resolve_weights(str(weights))
+    pipeline_class = _PIPELINE_CLASS[model]
+
+    if source != "random":
+        if Path(source).is_dir():
+            _check_saved_pipeline(model, Path(source))
+        # diffusers 0.42 names the argument dtype (torch_dtype still works but is deprecated).
+        pipe = pipeline_class.from_pretrained(source, dtype=dtype).to(device)
+    else:
+        components: dict[str, Any] = _build_models(model, profile, device, dtype)
+        for name, module in components.items():
+            _randomise(module, _component_seed(seed, name))
+        scheduler_class = _SCHEDULER_CLASS[model]
+        components["scheduler"] = scheduler_class.from_config(
+            scheduler_class.load_config(config_dir(model, profile) / "scheduler"))
+        for slot, (folder, tokenizer_class) in _TOKENIZERS[model].items():
+            components[slot] = tokenizer_class.from_pretrained(TOKENIZERS_DIR / folder)
+        extra = {"add_watermarker": False} if model == "sdxl" else {}
+        # Every module already lives on device; pipe.to(device) would only add diffusers' fp16-on-CPU warning.
+        pipe = pipeline_class(**components, **extra)
+
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            component.eval()
+    return pipe
+
+
+def _model_of(pipe: diffusers.DiffusionPipeline) -> str:
+    """Which of MODELS a pipeline object is."""
+    for model, cls in _PIPELINE_CLASS.items():
+        if isinstance(pipe, cls):
+            return model
+    raise TypeError(f"{type(pipe).__name__} is not one of the project's pipelines "
+                    f"({', '.join(c.__name__ for c in _PIPELINE_CLASS.values())})")
+
+
+def denoiser(pipe: diffusers.DiffusionPipeline) -> torch.nn.Module:
+    """The module the pipeline calls once per step: pipe.transformer (Flux) or pipe.unet (SDXL)."""
+    return getattr(pipe, DENOISER[_model_of(pipe)])
+
+
+@torch.no_grad()
+def denoiser_inputs(
+    pipe: diffusers.DiffusionPipeline,
+    *,
+    height: int,
+    width: int,
+    max_sequence_length: int = 512,
+    batch_size: int = 1,
+    guidance: float = 3.5,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Keyword arguments for one denoiser forward at the first step, prepared by the pipeline's own helpers.
+
+    Flux: packed latents, T5 and pooled CLIP embeddings, image/text position ids, timestep 1.0 (sigma 1) and the
+    embedded guidance. SDXL: latents scaled for the first step of a 28-step Euler schedule, both text encoders'
+    hidden states and the added time embedding inputs; with guidance > 1 the batch is doubled for classifier-free
+    guidance, as the pipeline does. Tensors are in the denoiser's dtype except SDXL's timestep, which stays the
+    scheduler's fp32 value as in the pipeline. max_sequence_length is ignored for SDXL (CLIP reads 77 tokens)."""
+    model = _model_of(pipe)
+    net = denoiser(pipe)
+    device, dtype = pipe._execution_device, net.dtype
+    prompts = [PROMPT] * batch_size
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    if model == "flux-dev":
+        prompt_embeds, pooled, text_ids = pipe.encode_prompt(
+            prompt=prompts, prompt_2=None, device=device, max_sequence_length=max_sequence_length)
+        latents, image_ids = pipe.prepare_latents(
+            batch_size, net.config.in_channels // 4, height, width, dtype, device, generator)
+        inputs: dict[str, Any] = {
+            "hidden_states": latents,
+            "encoder_hidden_states": prompt_embeds.to(dtype),
+            "pooled_projections": pooled.to(dtype),
+            "timestep": torch.ones(batch_size, device=device, dtype=dtype),
+            "img_ids": image_ids,
+            "txt_ids": text_ids,
+            "guidance": (torch.full((batch_size,), guidance, device=device, dtype=dtype)
+                         if net.config.guidance_embeds else None),
+            "return_dict": False,
+        }
+        return inputs
+
+    cfg = guidance > 1.0
+    prompt_embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+        prompt=prompts, device=device, num_images_per_prompt=1, do_classifier_free_guidance=cfg)
+    scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+    scheduler.set_timesteps(_SDXL_REFERENCE_STEPS, device=device)
+    timestep = scheduler.timesteps[0]
+    latents = pipe.prepare_latents(batch_size, net.config.in_channels, height, width, dtype, device, generator)
+    time_ids = pipe._get_add_time_ids((height, width), (0, 0), (height, width), dtype=dtype,
+                                      text_encoder_projection_dim=pipe.text_encoder_2.config.projection_dim)
+    time_ids = time_ids.to(device).repeat(batch_size, 1)
+    if cfg:
+        latents = torch.cat([latents, latents])
+        prompt_embeds = torch.cat([negative_embeds, prompt_embeds])
+        pooled = torch.cat([negative_pooled, pooled])
+        time_ids = torch.cat([time_ids, time_ids])
+    return {
+        "sample": scheduler.scale_model_input(latents, timestep).to(dtype),
+        "timestep": timestep,
+        "encoder_hidden_states": prompt_embeds.to(dtype),
+        "added_cond_kwargs": {"text_embeds": pooled.to(dtype), "time_ids": time_ids.to(dtype)},
+        "return_dict": False,
+    }
+
+
+def count_parameters(model: str, profile: str = "full") -> dict[str, int]:
+    """Parameters per model component (denoiser, text encoders, VAE), counted on the meta device: no memory."""
+    built = _build_models(model, profile, torch.device("meta"), torch.float32)
+    return {name: sum(p.numel() for p in module.parameters()) for name, module in built.items()}
