@@ -43,6 +43,8 @@ class EnvironmentCard:
     def as_table(self) -> "list[tuple[str, str]]":
         """Rows of (field, value) for display."""
         rows = [(k, str(v)) for k, v in asdict(self).items() if k != "versions"]
+        if self.device == "cpu":
+            rows = [(k, "n/a (CPU)") if k == "device_memory_gib" else (k, v) for k, v in rows]
         rows += [(f"version: {k}", v) for k, v in self.versions.items()]
         return rows
 

@@ -150,3 +150,11 @@ def fraction_of_peak(flops: float, seconds: float, peak_tflops: float) -> float:
     if seconds <= 0 or peak_tflops <= 0:
         raise ValueError(f"seconds and peak_tflops must be positive, got {seconds}, {peak_tflops}")
     return flops / seconds / (peak_tflops * 1e12)
+
+
+def human_flops(flops: float) -> str:
+    """A FLOP count with a readable prefix: '1.23 GFLOP'."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {prefix}FLOP"
+    return f"{flops:.3g} FLOP"

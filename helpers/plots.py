@@ -23,17 +23,17 @@ def save(fig: "plt.Figure", run: Run, hardware: str, name: str) -> Path:
     return path
 
 
-def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str,
+def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str, xlabel: str = "",
          errors: Sequence[float] | None = None, note: str = "") -> "plt.Figure":
     """A labelled bar chart (optionally with error bars) with the value printed on each bar."""
     fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
     bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
-    ax.set_title(title)
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
     ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
     ax.bar_label(bars_, fmt="%.3g", padding=2, fontsize=8)
-    if note:
-        ax.text(0.99, 0.97, note, transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#555")
+    ax.margins(y=0.15)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -45,13 +45,11 @@ def lines(x: Sequence[float], series: dict[str, Sequence[float]], *, title: str,
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, ys in series.items():
         ax.plot(x, ys, marker="o", label=label)
-    ax.set_title(title)
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if logy:
         ax.set_yscale("log")
-    if note:
-        ax.text(0.99, 0.03, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#555")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

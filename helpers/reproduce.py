@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         print(f"\n=== {nb.name} ...", flush=True)
         try:
-            papermill.execute_notebook(str(nb), str(out), parameters={"PROFILE": args.profile},
+            extra = {"UPDATE_README": True} if nb.stem == "11_reproduction_report" else {}
+            papermill.execute_notebook(str(nb), str(out), parameters={"PROFILE": args.profile} | extra,
                                        kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR),
                                        execution_timeout=args.timeout, progress_bar=False)
             status[nb.stem] = f"ok ({time.perf_counter() - t0:.0f} s)"

@@ -139,8 +139,8 @@ class ResultWriter:
         return row
 
     def table(self) -> pd.DataFrame:
-        """This run's rows as a display table with units in the column names."""
-        return rows_table(pd.DataFrame([asdict(r) for r in self.rows]))
+        """This run's rows as a display table: units in the column names, 4 significant digits, '—' for none."""
+        return readable(rows_table(pd.DataFrame([asdict(r) for r in self.rows])))
 
 
 def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str | None = None,
@@ -178,3 +178,12 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
     if (df["status"] != "ok").any():
         out["reason"] = df["reason"]
     return out.dropna(axis=1, how="all")
+
+
+def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
+    """df for display: floats to `digits` significant digits, missing values as '—'."""
+    def fmt(v: Any) -> Any:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "—"
+        return f"{v:.{digits}g}" if isinstance(v, float) else v
+    return df.map(fmt)

@@ -1,0 +1,126 @@
+"""Count what torch.compile does (graphs, recompiles, graph breaks, traced ops) and set the knobs it is checked with."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch._dynamo
+import torch._inductor.config
+import torch.fx.experimental._config
+from torch._dynamo.utils import counters
+
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+# Modes that capture CUDA graphs: they need a CUDA device.
+CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
+# Raised when a function needs more compiled versions than `recompile_limit` allows.
+RecompileLimitHit = torch._dynamo.exc.FailOnRecompileLimitHit
+
+
+@dataclass
+class CompileCounts:
+    """What dynamo did inside a `counting()` block: graphs compiled, ops traced, and graph breaks with their reasons."""
+
+    graphs: int = 0
+    frames: int = 0
+    graph_breaks: int = 0
+    break_reasons: dict[str, int] = field(default_factory=dict)
+    ops_captured: int = 0
+
+    @property
+    def recompiles(self) -> int:
+        """Graphs compiled in the block: after a warm first call, every new graph is a recompile."""
+        return self.graphs
+
+
+def _snapshot() -> tuple[int, int, dict[str, int], int]:
+    """Current totals of compiled graphs, compiled frames, graph breaks by reason and traced ops."""
+    stats = counters["stats"]
+    return (stats["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"]), stats["calls_captured"])
+
+
+@contextlib.contextmanager
+def counting() -> Iterator[CompileCounts]:
+    """Count graphs compiled, ops traced and graph breaks hit inside the block (filled in on exit)."""
+    result = CompileCounts()
+    graphs0, frames0, breaks0, ops0 = _snapshot()
+    try:
+        yield result
+    finally:
+        graphs1, frames1, breaks1, ops1 = _snapshot()
+        result.graphs, result.frames, result.ops_captured = graphs1 - graphs0, frames1 - frames0, ops1 - ops0
+        reasons = {k.split("\n")[0].strip(): v - breaks0.get(k, 0) for k, v in breaks1.items()}
+        result.break_reasons = {k: v for k, v in reasons.items() if v > 0}
+        result.graph_breaks = sum(result.break_reasons.values())
+
+
+def reset() -> None:
+    """Forget every compiled graph and zero the counters, so the next call compiles from scratch."""
+    torch._dynamo.reset()
+    counters.clear()
+
+
+@contextlib.contextmanager
+def error_on_recompile() -> Iterator[None]:
+    """Make any recompile inside the block raise, the check diffusers' own compile tests use."""
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        yield
+
+
+@contextlib.contextmanager
+def recompile_limit(limit: int) -> Iterator[None]:
+    """Allow at most `limit` compiled versions per function and raise beyond it (diffusers' regional-compile check)."""
+    with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
+        yield
+
+
+@contextlib.contextmanager
+def precision_casts(emulate: bool) -> Iterator[None]:
+    """Whether inductor rounds every intermediate to bf16/fp16 as eager does (True) or keeps fp32 inside fusions."""
+    with torch._inductor.config.patch(emulate_precision_casts=emulate):
+        yield
+
+
+@contextlib.contextmanager
+def no_duck_shapes() -> Iterator[None]:
+    """Give every dynamic dimension its own symbol even when sizes coincide (use_duck_shape=False), then restore."""
+    old = torch.fx.experimental._config.use_duck_shape
+    torch.fx.experimental._config.use_duck_shape = False
+    try:
+        yield
+    finally:
+        torch.fx.experimental._config.use_duck_shape = old
+
+
+def mark_dynamic(inputs: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]:
+    """Mark dimension dims[name] of each named input tensor as dynamic for dynamo; returns inputs."""
+    for name, dim in dims.items():
+        torch._dynamo.mark_dynamic(inputs[name], dim)
+    return inputs
+
+
+def mode_unavailable_reason(mode: str, device: torch.device) -> str:
+    """Why a compile mode cannot run on device ('' when it can)."""
+    if mode in CUDA_GRAPH_MODES and device.type != "cuda":
+        return f"mode {mode!r} captures CUDA graphs, which need a CUDA device (this run is on {device.type})"
+    return ""
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Relative L2 error ||out - ref|| / ||ref||, computed in fp32."""
+    out, ref = out.detach().float(), ref.detach().float()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+# Parity tolerance (relative L2) of a compiled denoiser against eager in the same dtype: a few units of the
+# dtype's rounding error accumulated over the blocks (bf16 eps 7.8e-3, fp16 eps 9.8e-4).
+PARITY_TOLERANCE: dict[str, float] = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-4}
+
+
+def uncompile(module: torch.nn.Module) -> torch.nn.Module:
+    """Undo `module.compile()` (the in-place nn.Module API), so the next compile starts from the eager module."""
+    module._compiled_call_impl = None
+    return module

@@ -1,0 +1,106 @@
+"""Unit tests of helpers.compile_tools and helpers.coldstart on a tiny module (eager backend: no C++ compile)."""
+
+import json
+
+import pytest
+import torch
+import torch.fx.experimental._config
+
+from helpers import coldstart, compile_tools
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.lin(x)) * 2
+
+
+def test_counting_sees_first_compile_and_a_shape_recompile():
+    compile_tools.reset()
+    m = torch.compile(Tiny(), backend="eager", dynamic=False)
+    with compile_tools.counting() as first:
+        m(torch.randn(2, 4))
+    with compile_tools.counting() as same:
+        m(torch.randn(2, 4))
+    with compile_tools.counting() as other:
+        m(torch.randn(3, 4))
+    assert first.graphs == 1 and first.ops_captured >= 3 and first.graph_breaks == 0
+    assert same.recompiles == 0
+    assert other.recompiles == 1
+
+
+def test_error_on_recompile_raises_on_new_shape():
+    compile_tools.reset()
+    m = torch.compile(Tiny(), backend="eager", dynamic=False)
+    m(torch.randn(2, 4))
+    with compile_tools.error_on_recompile(), pytest.raises(Exception, match="[Rr]ecompil"):
+        m(torch.randn(5, 4))
+
+
+def test_recompile_limit_raises_beyond_limit():
+    compile_tools.reset()
+    m = torch.compile(Tiny(), backend="eager", dynamic=False)
+    with compile_tools.recompile_limit(1):
+        m(torch.randn(2, 4))
+        with pytest.raises(compile_tools.RecompileLimitHit):
+            m(torch.randn(6, 4))
+
+
+def test_mark_dynamic_and_no_duck_shapes_restore():
+    compile_tools.reset()
+    before = torch.fx.experimental._config.use_duck_shape
+    m = torch.compile(Tiny(), backend="eager", dynamic=True)
+    with compile_tools.no_duck_shapes():
+        assert torch.fx.experimental._config.use_duck_shape is False
+        m(torch.randn(2, 4))
+        with compile_tools.counting() as c, compile_tools.error_on_recompile():
+            for n in (3, 5, 7):
+                m(torch.randn(n, 4))
+    assert c.recompiles == 0
+    assert torch.fx.experimental._config.use_duck_shape == before
+    x = compile_tools.mark_dynamic({"x": torch.randn(3, 4)}, {"x": 0})["x"]
+    assert 0 in getattr(x, "_dynamo_dynamic_indices", set())
+
+
+def test_uncompile_and_mode_reason_and_relative_error():
+    m = Tiny()
+    m.compile(backend="eager")
+    assert m._compiled_call_impl is not None
+    assert compile_tools.uncompile(m)._compiled_call_impl is None
+    cpu = torch.device("cpu")
+    assert "CUDA" in compile_tools.mode_unavailable_reason("reduce-overhead", cpu)
+    assert "CUDA" in compile_tools.mode_unavailable_reason("max-autotune", cpu)
+    assert compile_tools.mode_unavailable_reason("default", cpu) == ""
+    a = torch.ones(10)
+    assert compile_tools.relative_error(a, a) == 0
+    assert compile_tools.relative_error(a * 1.1, a) == pytest.approx(0.1, rel=1e-5)
+    assert set(compile_tools.PARITY_TOLERANCE) == {"bf16", "fp16", "fp32"}
+
+
+def test_precision_casts_patches_and_restores():
+    import torch._inductor.config as ic
+
+    before = ic.emulate_precision_casts
+    with compile_tools.precision_casts(not before):
+        assert ic.emulate_precision_casts is (not before)
+    assert ic.emulate_precision_casts is before
+
+
+def test_coldstart_cache_env_and_fresh_dir(tmp_path):
+    d = coldstart.fresh_cache_dir()
+    assert d.is_dir() and not any(d.iterdir())
+    env = coldstart.cache_env(d)
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(d)) and env["TRITON_CACHE_DIR"].startswith(str(d))
+    coldstart.remove_dirs([d])
+    assert not d.exists()
+    w = coldstart.Workload("flux-dev", "smoke", "bf16", 0, 64, 64, 16, 3.5)
+    with pytest.raises(ValueError, match="how="):
+        coldstart.measure_fresh(w, "everything", tmp_path, repeats=1, warmup=0, emulate_precision_casts=False)
+    r = coldstart.ColdStart(how="full", first_call_s=1.0, steady_samples_s=[3.0, 1.0, 2.0, 9.0], rel_error=0.0,
+                            graphs=1, ops_captured=10, recompiles_after_first=0, artifacts_loaded=False,
+                            artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path))
+    assert r.steady_median_s == 2.5
+    assert json.loads(json.dumps(r.__dict__))["how"] == "full"
