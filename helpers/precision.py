@@ -1,0 +1,118 @@
+"""Precision plumbing: dtype names, the TF32 switch, one set of weights cast to each dtype, and output drift."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# The four ways of running the same weights; tf32 keeps fp32 storage and lets matmuls/convs use TF32 tensor cores.
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+STORAGE: dict[str, torch.dtype] = {
+    "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+}
+# Significand bits including the implicit one: unit roundoff is 2**-bits (tf32 matmul inputs keep 11 bits).
+SIGNIFICAND_BITS: dict[str, int] = {"fp32": 24, "tf32": 11, "fp16": 11, "bf16": 8}
+
+
+def unit_roundoff(name: str) -> float:
+    """Relative rounding error of one value stored in the named format (2**-significand bits)."""
+    return 2.0 ** -SIGNIFICAND_BITS[name]
+
+
+def rounded(value: float, name: str) -> float:
+    """value after storing it in the named format."""
+    return torch.tensor(value, dtype=torch.float64).to(STORAGE[name]).item()
+
+
+def tf32_unavailable_reason(device: torch.device) -> str:
+    """Why TF32 cannot run on device, or '' when it can (a CUDA GPU of compute capability 8.0 or newer)."""
+    if device.type != "cuda":
+        return ("TF32 is a tensor-core math mode of NVIDIA GPUs (Ampere, sm_80, and newer); CPU matmuls have no "
+                "TF32 path, so PyTorch's TF32 switches change nothing here and a 'tf32' row would just repeat fp32")
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:
+        return f"{torch.cuda.get_device_name(device)} is sm_{major}{minor}: TF32 tensor cores need sm_80 or newer"
+    return ""
+
+
+def tf32_settings() -> dict[str, Any]:
+    """The current global switches that decide whether fp32 matmuls and convolutions may use TF32."""
+    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32}
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool = True) -> Iterator[None]:
+    """Inside the block fp32 matmuls and convolutions may (or may not) use TF32; the previous settings return after."""
+    before = tf32_settings()
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before["float32_matmul_precision"])
+        torch.backends.cudnn.allow_tf32 = before["cudnn.allow_tf32"]
+
+
+def _modules(pipe: Any) -> dict[str, torch.nn.Module]:
+    """The pipeline's model components (denoiser, text encoders, VAE) by name."""
+    return {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
+
+
+def master_weights(pipe: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """fp32 copies, on the CPU, of every model component's state: the one set of weights all dtypes are cast from."""
+    return {name: {k: v.detach().to("cpu", torch.float32 if v.is_floating_point() else v.dtype, copy=True)
+                   for k, v in module.state_dict().items()}
+            for name, module in _modules(pipe).items()}
+
+
+@torch.no_grad()
+def cast_pipeline(pipe: Any, dtype: torch.dtype, master: dict[str, dict[str, torch.Tensor]]) -> None:
+    """Put every model component of pipe in dtype, its values rounded once from the fp32 master (never twice)."""
+    for name, module in _modules(pipe).items():
+        module.to(dtype)
+        module.load_state_dict(master[name])
+
+
+def parameter_bytes(module: torch.nn.Module | Any) -> int:
+    """Bytes held by the parameters of a module, or of all model components of a pipeline."""
+    modules = [module] if isinstance(module, torch.nn.Module) else list(_modules(module).values())
+    return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
+
+
+def same_inputs(reference: Any, like: Any) -> Any:
+    """like's structure with reference's tensor values, each cast to the dtype like uses at that place."""
+    if isinstance(like, dict):
+        return {k: same_inputs(reference[k], v) for k, v in like.items()}
+    if isinstance(like, (list, tuple)):
+        return type(like)(same_inputs(r, v) for r, v in zip(reference, like))
+    if isinstance(like, torch.Tensor):
+        return reference.to(like.device, like.dtype)
+    return like
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far an output is from the fp32 reference: relative L2 error, max abs error, and whether all finite."""
+
+    rel_l2: float
+    max_abs: float
+    finite: bool
+
+
+def drift(out: torch.Tensor, ref: torch.Tensor) -> Drift:
+    """Relative L2 error ||out - ref|| / ||ref||, max |out - ref| (computed in float64) and a finite check."""
+    a = torch.as_tensor(out).detach().to("cpu", torch.float64)
+    b = torch.as_tensor(ref).detach().to("cpu", torch.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {tuple(a.shape)} vs reference {tuple(b.shape)}")
+    finite = bool(torch.isfinite(a).all())
+    if not finite:
+        return Drift(math.inf, math.inf, False)
+    diff = a - b
+    return Drift(float(diff.norm() / b.norm()), float(diff.abs().max()), True)

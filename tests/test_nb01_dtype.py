@@ -1,0 +1,57 @@
+"""Notebook 01 on the smoke profile: per-dtype latency, memory, weight bytes and drift vs fp32."""
+
+import math
+
+import pytest
+
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+U = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+
+
+def _check(nb, model):
+    rows = nb.rows
+    assert set(rows["model"]) == {model} and set(rows["profile"]) == {"smoke"}
+    assert set(rows["run_id"]) == {rows["run_id"].iloc[0]}
+    tf32 = [nb.row("denoiser step tf32"), nb.row("pipeline tf32")]
+    assert all(r["status"] == "skipped" and "TF32" in r["reason"] for r in tf32), "tf32 must be skipped on a CPU"
+    step = {d: nb.row(f"denoiser step {d}") for d in ("fp32", "fp16", "bf16")}
+    pipe = {d: nb.row(f"pipeline {d}") for d in ("fp32", "fp16", "bf16")}
+    for d in step:
+        assert step[d]["status"] == pipe[d]["status"] == "ok" and step[d]["dtype"] == d
+        assert step[d]["latency_median_s"] > 0 and len(pipe[d]["latency_samples_s"]) == 3
+        assert pipe[d]["peak_memory_bytes"] > 0 and pipe[d]["memory_kind"] == "cpu_rss_sampled"
+        assert step[d]["extra"]["finite"] and pipe[d]["extra"]["image_finite"]
+    # weights: 16-bit formats are exactly half of fp32, for the pipeline and for the denoiser alone
+    w = {d: pipe[d]["extra"]["weight_bytes"] for d in pipe}
+    assert w["fp32"] == 2 * w["bf16"] == 2 * w["fp16"] > 0
+    dw = {d: step[d]["extra"]["denoiser_weight_bytes"] for d in step}
+    assert dw["fp32"] == 2 * dw["bf16"] == 2 * dw["fp16"] > 0
+    # drift: fp32 reruns bitwise equal; half precision small (< 25 unit roundoffs), nonzero, fp16 < bf16
+    assert step["fp32"]["extra"]["rel_l2"] == 0 and step["fp32"]["extra"]["max_abs"] == 0
+    assert step["fp32"]["extra"]["rel_l2_exact_guidance"] == 0
+    assert pipe["fp32"]["extra"]["image_rel_l2"] == 0
+    for d, u in U.items():
+        assert 0 < step[d]["extra"]["rel_l2_exact_guidance"] < 25 * u, (d, step[d]["extra"])
+        assert 0 < step[d]["extra"]["rel_l2"] < 1
+        assert math.isfinite(pipe[d]["extra"]["image_rel_l2"])
+    assert step["fp16"]["extra"]["rel_l2_exact_guidance"] < step["bf16"]["extra"]["rel_l2_exact_guidance"]
+    assert (nb.figures_dir / "cpu" / "01_dtype_latency_per_dtype.png").stat().st_size > 1000
+    assert (nb.figures_dir / "cpu" / "01_dtype_drift_per_dtype.png").stat().st_size > 1000
+    assert "not measured" in nb.text()
+
+
+def test_dtype_rows_flux(tmp_path):
+    _check(run_notebook("01_dtype", tmp_path), "flux-dev")
+
+
+def test_dtype_rows_sdxl(tmp_path):
+    _check(run_notebook("01_dtype", tmp_path, MODEL="sdxl"), "sdxl")
+
+
+def test_dtypes_without_fp32_fails_fast(tmp_path):
+    with pytest.raises(Exception, match="must include 'fp32'"):
+        run_notebook("01_dtype", tmp_path, DTYPES=["bf16"])
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

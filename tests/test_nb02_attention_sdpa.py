@@ -1,0 +1,55 @@
+"""Notebook 02 on the smoke profile: naive attention vs forced SDPA backends over resolutions."""
+
+import pytest
+
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+RES = (128, 256, 512)
+TOL_BF16 = 3e-2
+
+
+def test_attention_rows(tmp_path):
+    nb = run_notebook("02_attention_sdpa", tmp_path)
+    rows = nb.rows
+    assert set(rows["profile"]) == {"smoke"} and set(rows["model"]) == {"flux-dev"}
+    assert set(rows["run_id"]) == {rows["run_id"].iloc[0]}
+    for res in RES:
+        for impl in ("naive", "sdpa-math", "sdpa-flash"):  # what a CPU runs
+            step, only = nb.row(f"step {impl} @{res}"), nb.row(f"attention only {impl} @{res}")
+            assert step["status"] == only["status"] == "ok", (impl, res)
+            assert step["height"] == step["width"] == res
+            assert step["latency_median_s"] > 0 and only["latency_median_s"] > 0
+            assert len(step["latency_samples_s"]) == 3 and step["memory_kind"] == "cpu_rss_sampled"
+            agree = step["extra"]["rel_l2_vs_math"]
+            assert step["extra"]["finite"] and 0 <= agree <= TOL_BF16, (impl, res, agree)
+            if impl == "sdpa-math":
+                assert agree == 0
+            else:
+                assert agree > 0, "bf16 kernels that differ from math should not agree bitwise"
+        for impl in ("sdpa-efficient", "sdpa-cudnn"):  # CUDA-only kernels
+            for what in ("step", "attention only"):
+                row = nb.row(f"{what} {impl} @{res}")
+                assert row["status"] == "skipped" and "cpu" in row["reason"], row["reason"]
+    # the score matrix grows with the square of the tokens (Flux: text tokens + (res/16)^2 image tokens)
+    geo = {res: nb.row(f"step naive @{res}")["extra"] for res in RES}
+    for res in RES:
+        assert geo[res]["tokens"] == 32 + (res // 16) ** 2
+        b, h, n, _ = geo[res]["largest_call"]
+        assert geo[res]["score_matrix_bytes"] == b * h * n * n * 2  # bf16
+    assert geo[512]["score_matrix_bytes"] / geo[128]["score_matrix_bytes"] == (geo[512]["tokens"] / geo[128]["tokens"]) ** 2
+    for name in ("naive", "sdpa"):
+        row = nb.row(f"pipeline {name}")
+        assert row["status"] == "ok" and row["latency_median_s"] > 0 and row["peak_memory_bytes"] > 0
+    for fig in ("latency_vs_resolution", "memory_vs_resolution"):
+        assert (nb.figures_dir / "cpu" / f"02_attention_sdpa_{fig}.png").stat().st_size > 1000
+    assert "not measured" in nb.text()
+
+
+def test_implementations_without_reference_fail_fast(tmp_path):
+    with pytest.raises(Exception, match="must include 'sdpa-math'"):
+        run_notebook("02_attention_sdpa", tmp_path, IMPLEMENTATIONS=["naive"])
+    with pytest.raises(Exception, match="divisible by 16"):
+        run_notebook("02_attention_sdpa", tmp_path, RESOLUTIONS=[100])
+    assert not (tmp_path / "results").exists()
