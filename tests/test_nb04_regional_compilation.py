@@ -1,0 +1,30 @@
+"""Notebook 04 on the smoke profile: cold full vs regional compile in fresh processes, warm start from artifacts."""
+
+import pytest
+
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+
+def test_regional_compilation_rows(tmp_path):
+    nb = run_notebook("04_regional_compilation", tmp_path)
+    full, regional = nb.row("full compile (cold cache)"), nb.row("regional compile (cold cache)")
+    warm = nb.row("regional compile (warm cache)")
+    for r in (full, regional, warm):
+        assert r["status"] == "ok" and r["profile"] == "smoke"
+        assert r["extra"]["rel_error"] <= r["extra"]["tolerance"] == 3e-2, r["scenario"]
+        assert r["recompiles"] == 0 and r["compile_s"] > r["latency_median_s"] > 0
+        assert r["extra"]["process_wall_s"] > r["compile_s"]
+    assert full["extra"]["how"] == "full" and regional["extra"]["how"] == warm["extra"]["how"] == "regional"
+    # regional traces each block class once: fewer ops than the whole model
+    assert regional["extra"]["ops_captured"] < full["extra"]["ops_captured"]
+    # the warm start loads the artifacts the cold regional run saved, and is faster
+    assert regional["extra"]["artifacts_saved_bytes"] > 0 and warm["extra"]["artifacts_loaded"] is True
+    assert warm["compile_s"] < regional["compile_s"]
+    check = nb.row("recompile limit check")
+    assert check["extra"]["recompile_limit"] == 2 and check["extra"]["graphs"] == 3
+    ratios = nb.row("regional vs full")["extra"]
+    assert ratios["full_cold_over_regional_cold"] == pytest.approx(full["compile_s"] / regional["compile_s"])
+    assert (nb.figures_dir / "cpu" / "04_regional_compilation_compile_latency.png").stat().st_size > 1000
+    assert "not measured" in nb.text()
