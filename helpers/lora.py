@@ -1,0 +1,135 @@
+"""LoRA adapters for hot-swapping: make seeded random ones in diffusers' format, check a file before a swap.
+
+Adapters are written with the pipeline class's own `save_lora_weights` (a `pytorch_lora_weights.safetensors`
+file plus the peft `LoraConfig` as metadata), in the key layout peft's `get_peft_model_state_dict` produces:
+`<module>.lora_A.weight` (rank x in) and `<module>.lora_B.weight` (out x rank). Nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from peft import LoraConfig
+
+# The attention projections of Flux's double-stream and single-stream blocks (image stream and output).
+ATTENTION_PROJECTIONS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
+WEIGHT_FILE = "pytorch_lora_weights.safetensors"
+_KEY = re.compile(r"^(?:transformer\.)?(?P<layer>.+)\.lora_(?P<ab>[AB])\.(?:[\w-]+\.)?weight$")
+
+
+def target_layers(module: torch.nn.Module, suffixes: Iterable[str] = ATTENTION_PROJECTIONS) -> list[str]:
+    """Names of the nn.Linear layers of module whose name ends with one of suffixes (the LoRA targets)."""
+    ends = tuple("." + s for s in suffixes)
+    return [name for name, m in module.named_modules()
+            if isinstance(m, torch.nn.Linear) and name.endswith(ends) and ".lora_" not in name
+            and not name.endswith(".base_layer")]
+
+
+@torch.no_grad()
+def random_lora_state_dict(module: torch.nn.Module, layers: Iterable[str], rank: int, *, seed: int,
+                           strength: float = 0.5) -> dict[str, torch.Tensor]:
+    """Seeded LoRA weights for the named Linear layers; with alpha = rank, B @ A is about strength x the layer's scale."""
+    if rank < 1:
+        raise ValueError(f"rank must be >= 1, got {rank}")
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name in layers:
+        layer = module.get_submodule(name)
+        layer = getattr(layer, "base_layer", layer)
+        d_out, d_in = layer.weight.shape
+        a = torch.randn(rank, d_in, generator=gen) * d_in**-0.5
+        b = torch.randn(d_out, rank, generator=gen) * (strength * (rank * d_in) ** -0.5)
+        out[f"{name}.lora_A.weight"] = a.to(layer.weight.dtype)
+        out[f"{name}.lora_B.weight"] = b.to(layer.weight.dtype)
+    return out
+
+
+def lora_config(layers: Iterable[str], rank: int) -> LoraConfig:
+    """The peft LoraConfig of an adapter on exactly these layers, with alpha = rank (scaling 1)."""
+    return LoraConfig(r=rank, lora_alpha=rank, target_modules=sorted(layers), init_lora_weights=False)
+
+
+def save_adapter(pipeline_class: Any, folder: Path, state_dict: dict[str, torch.Tensor], rank: int) -> Path:
+    """Write an adapter with the pipeline class's save_lora_weights (safetensors + LoraConfig metadata)."""
+    layers = sorted(layer_ranks(state_dict))
+    config = lora_config(layers, rank).to_dict()
+    config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+    pipeline_class.save_lora_weights(Path(folder), transformer_lora_layers=state_dict,
+                                     transformer_lora_adapter_metadata=config)
+    return Path(folder)
+
+
+def make_adapter(pipe: Any, folder: Path, rank: int, *, seed: int, layers: Iterable[str] | None = None,
+                 strength: float = 0.5) -> Path:
+    """Make and save a seeded random adapter of the given rank for pipe.transformer (default: attention layers)."""
+    net = pipe.transformer
+    chosen = list(layers) if layers is not None else target_layers(net)
+    sd = random_lora_state_dict(net, chosen, rank, seed=seed, strength=strength)
+    return save_adapter(type(pipe), folder, sd, rank)
+
+
+def layer_ranks(state_dict: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Layer name -> LoRA rank for a state dict in peft/diffusers layout (prefix 'transformer.' optional)."""
+    ranks: dict[str, int] = {}
+    for key, value in state_dict.items():
+        m = _KEY.match(key)
+        if m and m["ab"] == "A":
+            ranks[m["layer"]] = int(value.shape[0])
+    return ranks
+
+
+def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of an adapter folder (or a .safetensors file) written by save_lora_weights."""
+    path = Path(folder)
+    path = path / WEIGHT_FILE if path.is_dir() else path
+    if not path.is_file():
+        raise FileNotFoundError(f"no LoRA weights at {path}")
+    return safetensors.torch.load_file(str(path))
+
+
+def loaded_layers(module: torch.nn.Module, adapter_name: str) -> list[str]:
+    """Names of the layers of module that carry the LoRA adapter adapter_name."""
+    return [name for name, m in module.named_modules()
+            if hasattr(m, "lora_A") and adapter_name in getattr(m, "lora_A", {})]
+
+
+def check_hotswap(folder: Path, module: torch.nn.Module, adapter_name: str, target_rank: int) -> dict[str, int]:
+    """Raise ValueError (naming the file, the layer and the limit) unless folder can be hot-swapped into adapter_name."""
+    path = Path(folder)
+    ranks = layer_ranks(read_adapter(path))
+    if not ranks:
+        raise ValueError(f"{path}: no LoRA layers (keys '<layer>.lora_A.weight') found")
+    allowed = set(loaded_layers(module, adapter_name))
+    if not allowed:
+        raise ValueError(f"{path}: adapter {adapter_name!r} is not loaded, so there is nothing to hot-swap into; "
+                         "load the first adapter with load_lora_weights(..., adapter_name=...) first")
+    too_big = {k: r for k, r in ranks.items() if r > target_rank}
+    if too_big:
+        layer, rank = next(iter(sorted(too_big.items())))
+        raise ValueError(f"{path}: layer {layer!r} has LoRA rank {rank}, above target_rank={target_rank} declared "
+                         f"with enable_lora_hotswap ({len(too_big)} layer(s) too big); hot-swap allows ranks "
+                         f"<= {target_rank}")
+    extra = sorted(set(ranks) - allowed)
+    if extra:
+        shown = ", ".join(sorted(allowed)[:4]) + (", ..." if len(allowed) > 4 else "")
+        raise ValueError(f"{path}: layer {extra[0]!r} ({len(extra)} layer(s) in all) is not a target of the "
+                         f"loaded adapter {adapter_name!r}; hot-swap allows only its {len(allowed)} target layers "
+                         f"({shown}) or a subset")
+    return ranks
+
+
+def hotswap(pipe: Any, folder: Path, adapter_name: str, target_rank: int) -> None:
+    """Check folder with check_hotswap, then swap it into adapter_name with load_lora_weights(hotswap=True)."""
+    check_hotswap(folder, pipe.transformer, adapter_name, target_rank)
+    pipe.load_lora_weights(str(folder), adapter_name=adapter_name, hotswap=True)
+
+
+def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| / max |b|, computed in fp32: a scale-free distance between two outputs."""
+    a, b = a.float(), b.float()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))

@@ -1,0 +1,46 @@
+"""Notebook 09 on the smoke profile: NF4 through the libraries' quantizers, byte ratio, drift, compile, skips."""
+
+import pytest
+
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+
+def test_nf4_rows(tmp_path):
+    nb = run_notebook("09_nf4_quantization", tmp_path)
+    rows = nb.rows
+    assert set(rows["run_id"]) == {rows["run_id"].iloc[0]} and (rows["profile"] == "smoke").all()
+
+    bf16 = nb.row("bf16 eager")
+    assert bf16["status"] == "ok" and bf16["latency_median_s"] > 0
+
+    dit, t5 = nb.row("nf4 load transformer")["extra"], nb.row("nf4 load text_encoder_2")["extra"]
+    # which path ran on the CPU: diffusers' quantizer steps for the DiT (its from_pretrained needs a GPU),
+    # transformers' from_pretrained for T5
+    assert dit["quant_path"].startswith("diffusers BnB4BitDiffusersQuantizer steps") and "No GPU found" in dit["quant_path"]
+    assert t5["quant_path"].startswith("transformers T5EncoderModel.from_pretrained(quantization_config=")
+    for extra in (dit, t5):
+        assert extra["linear4bit_layers"] > 0
+        assert extra["nf4_linear_bytes"] == extra["nf4_packed_bytes"] + extra["nf4_scale_bytes"]
+        assert 0.25 <= extra["linear_bytes_ratio"] <= 0.3
+        assert extra["linear_bytes_ratio"] == pytest.approx(extra["nf4_linear_bytes"] / extra["bf16_linear_bytes"])
+        assert extra["footprint_nf4_bytes"] < extra["footprint_bf16_bytes"]
+
+    eager = nb.row("nf4 eager")
+    assert eager["status"] == "ok" and eager["latency_median_s"] > 0 and eager["extra"]["outputs_finite"] is True
+    drift = eager["extra"]["drift_vs_bf16"]
+    assert set(drift) == {"latents", "transformer", "text_encoder_2"} and all(0 < d < 2 for d in drift.values())
+
+    compiled = nb.row("nf4 compiled")
+    if compiled["status"] == "ok":
+        assert compiled["graph_breaks"] == 0 and compiled["recompiles"] == 0 and compiled["compile_s"] > 0
+        assert compiled["extra"]["outputs_finite"] is True and compiled["extra"]["graphs_compiled"] >= 1
+    else:
+        assert compiled["status"] == "failed" and compiled["reason"]
+
+    for scenario in ("nf4 + model offload eager", "nf4 + model offload compiled"):
+        row = nb.row(scenario)
+        assert row["status"] == "skipped" and "no CUDA GPU" in row["reason"]
+    assert (nb.figures_dir / "cpu" / "09_nf4_quantization_linear_weight_bytes.png").stat().st_size > 1000
+    assert "not measured" in nb.text()

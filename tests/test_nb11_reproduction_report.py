@@ -1,0 +1,94 @@
+"""Notebook 11 against temporary result folders: CPU rows only, then a synthetic full-profile GPU fixture.
+
+Both row sets are TEST FIXTURES written into pytest's tmp_path (never into data/results): the CPU rows by the
+project's own ResultWriter on a smoke run, the GPU rows as plain dicts with made-up values chosen to land
+inside and outside the tolerance bands. The README is never rewritten: the notebook updates a temporary copy.
+"""
+
+import shutil
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers import environment, params, paths, report, results
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+NB = "11_reproduction_report"
+
+
+def _cpu_fixture(results_dir):
+    """Smoke rows as the notebooks write them: one ok latency row and one skipped row."""
+    card = environment.environment_card(torch.device("cpu"), torch.float32)
+    run = params.resolve("00_setup_and_baseline", PROFILE="smoke", RESULTS_DIR=str(results_dir))
+    results.ResultWriter(run, card).record("pipeline eager", compile_s=None)
+    run8 = params.resolve("08_cpu_offload", PROFILE="smoke", RESULTS_DIR=str(results_dir))
+    results.ResultWriter(run8, card).record("model cpu offload", status="skipped", reason="needs CUDA (fixture)")
+
+
+def _gpu_fixture(results_dir):
+    """TEST FIXTURE, synthetic: full-profile rows on a pretend 'h100-80gb' for notebooks 00, 03 and 10."""
+    base = {"hardware": "h100-80gb", "profile": "full", "model": "flux-dev", "status": "ok", "reason": "",
+            "run_id": "fixture-run", "latency_spread_s": 0.01, "peak_memory_bytes": None}
+    rows = {
+        "00_setup_and_baseline": [{"scenario": "pipeline eager", "latency_median_s": 6.9, "peak_memory_bytes": 34 * 2**30}],
+        "03_torch_compile": [{"scenario": "pipeline eager", "latency_median_s": 6.9},
+                             {"scenario": "pipeline compiled (default)", "latency_median_s": 4.6}],
+        "10_lora_hotswap": [{"scenario": "pipeline lora eager", "latency_median_s": 8.0},
+                            {"scenario": "pipeline lora hotswap compiled", "latency_median_s": 4.4},
+                            {"scenario": "pipeline lora compiled (no hotswap)", "latency_median_s": 8.0}],
+    }
+    for notebook, items in rows.items():
+        results.append_rows(results_dir / "h100-80gb" / f"{notebook}.jsonl",
+                            [base | {"notebook": notebook} | r for r in items])
+
+
+def _readme_copy(tmp_path):
+    copy = tmp_path / "README.md"
+    shutil.copy(paths.ROOT / "README.md", copy)
+    return copy
+
+
+def test_report_on_cpu_rows_only(tmp_path):
+    res = tmp_path / "results"
+    _cpu_fixture(res)
+    readme = _readme_copy(tmp_path)
+    original = readme.read_text()
+    real_readme = (paths.ROOT / "README.md").read_text()
+    nb = run_notebook(NB, tmp_path, RESULTS_DIR=str(res), UPDATE_README=True, README_PATH=str(readme))
+    row = nb.row("report")["extra"]
+    assert row["hardwares"] == ["cpu"] and row["measured"] == 0 and row["factors"] == {}
+    assert row["comparisons"] == len(report.comparisons()), "every comparison is listed for the CPU"
+    assert all(v.startswith("not measured") for v in row["verdicts"].values()), row["verdicts"]
+    assert row["skipped"] == 1 and row["readme_updated"] is True
+    md = (res / "report.md").read_text()
+    assert "needs CUDA (fixture)" in md and "not measured: smoke profile only" in md
+    assert len(pd.read_csv(res / "report.csv")) == row["comparisons"]
+    new = readme.read_text()
+    start, end = original.index(report.README_START), original.index(report.README_END)
+    assert new.startswith(original[:start]) and new.endswith(original[end:]), "text outside the markers changed"
+    assert "not measured" in new and "### cpu" in new
+    assert (paths.ROOT / "README.md").read_text() == real_readme, "the test rewrote the real README"
+
+
+def test_report_on_gpu_fixture(tmp_path):
+    res = tmp_path / "results"
+    _gpu_fixture(res)
+    nb = run_notebook(NB, tmp_path, RESULTS_DIR=str(res))
+    row = nb.row("report")["extra"]
+    assert row["hardwares"] == ["h100-80gb"] and row["readme_updated"] is False
+    v, f = row["verdicts"], row["factors"]
+    # 6.9 s vs 6.7 s published, same GPU class: an absolute comparison inside the 15% band.
+    assert v["h100-80gb/eager-latency"] == "within ±15%" and f["h100-80gb/eager-latency"] == pytest.approx(6.9 / 6.7, abs=1e-3)
+    # speedups: 6.9/4.6 = 1.50x vs 6.7/4.5 = 1.49x; LoRA 8.0/4.4 = 1.82x vs 7.891/4.352 = 1.81x.
+    assert v["h100-80gb/compile-speedup"] == "within ±15%"
+    assert f["h100-80gb/lora-hotswap-speedup"] == pytest.approx((8.0 / 4.4) / (7.891 / 4.352), abs=1e-3)
+    # no speedup at all without hot-swap (8.0/8.0 = 1x vs 1.55x published): outside the band, on the bad side.
+    assert v["h100-80gb/lora-compile-no-hotswap-speedup"] == "worse than published"
+    # 34 GiB vs 33 GB read as GiB: within 10%.
+    assert v["h100-80gb/eager-peak-memory"] == "within ±10%"
+    # notebooks without rows stay unmeasured on that GPU too.
+    assert any(k.startswith("h100-80gb/") and x == "not measured: no rows" for k, x in v.items())
+    assert (nb.figures_dir / "h100-80gb" / f"{NB}_factors.png").stat().st_size > 1000
+    assert "within ±15%" in (res / "report.md").read_text()
