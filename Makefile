@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-fast reproduce lab browser clean-venv
+.PHONY: venv test test-fast reproduce lab browser browser-deps clean-venv
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 ## make test: helper unit tests, every notebook on the smoke profile (papermill), hygiene, browser test
-test: venv
+test: venv browser-deps
 	$(PY) -m pytest tests
 
 ## make test-fast: everything except the notebook and browser runs
@@ -29,9 +29,28 @@ test-fast: venv
 reproduce: venv
 	$(PY) -m helpers.reproduce
 
-## make lab: JupyterLab on the notebooks, with the project's kernel
+## make lab: JupyterLab on the notebooks, with the project's kernel (python3, registered in .venv by venv);
+## `-m jupyterlab` so it is .venv's JupyterLab, not a jupyter-lab found first on PATH; as root, --allow-root
 lab: venv
-	$(PY) -m jupyter lab --notebook-dir=notebooks --port=$(PORT)
+	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyterlab --notebook-dir=notebooks --port=$(PORT) \
+		$(if $(filter 0,$(shell id -u)),--allow-root)
+
+## make browser-deps: Chromium for the browser test (Debian's package, not Playwright's download);
+## installs only when none is found, and only as root with apt-get; otherwise says so, and the test skips
+CHROMIUM_APT := chromium fonts-liberation fonts-dejavu-core
+browser-deps:
+	@if { [ -n "$$CHROMIUM" ] && [ -x "$$CHROMIUM" ]; } || [ -x /usr/bin/chromium ] \
+		|| command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then \
+		echo "browser-deps: chromium found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "browser-deps: installing $(CHROMIUM_APT) with apt-get"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			-o DPkg::Lock::Timeout=120 $(CHROMIUM_APT) >/dev/null; } \
+		|| echo "browser-deps: WARNING: apt-get could not install chromium; the browser test will skip"; \
+	else \
+		echo "browser-deps: no chromium, and no root with apt-get to install it: the browser test will skip" \
+			"(run 'sudo make browser-deps', or set CHROMIUM=/path/to/chromium)"; \
+	fi
 
 clean-venv:
 	rm -rf $(VENV)

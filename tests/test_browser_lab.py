@@ -1,0 +1,135 @@
+"""JupyterLab as a learner uses it, in headless Chromium: open notebook 00, set the smoke profile in its
+parameters cell, Run > Run All Cells, and check what rendered (no errors, the results table, the plot, the
+progress bar of the denoising loop). A screenshot of the finished notebook lands in build/test-artifacts/
+(and, with UPDATE_SCREENSHOT=1, in figures/jupyterlab_notebook00.png).
+
+Chromium comes from `make browser-deps` (Debian's package); without it, and without root and apt-get to
+install it, the tests skip saying so, unless REQUIRE_BROWSER_TEST=1, which turns that skip into a failure.
+BROWSER_TEST_NOTEBOOK=<path> runs the main test on another notebook file (used to prove it fails on errors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from helpers import paths
+from tests import lab_driver
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOK_00 = paths.NOTEBOOKS_DIR / "00_setup_and_baseline.ipynb"
+ARTIFACTS = paths.ROOT / "build" / "test-artifacts"
+PUBLISHED_SCREENSHOT = paths.FIGURES_DIR / "jupyterlab_notebook00.png"
+RUN_TIMEOUT_S = 420  # the smoke profile takes about a minute on 2 CPU cores
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium driven by Playwright; installs Debian's chromium if it can, skips if it cannot."""
+    path, why = lab_driver.ensure_chromium()
+    if path is None:
+        if os.environ.get("REQUIRE_BROWSER_TEST") == "1":
+            pytest.fail(f"REQUIRE_BROWSER_TEST=1 but {why}")
+        pytest.skip(why)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=list(lab_driver.CHROMIUM_ARGS))
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def lab_root(tmp_path_factory) -> Path:
+    """The server's root: a scratch folder the notebooks are copied into (JupyterLab saves what it opens)."""
+    return tmp_path_factory.mktemp("lab-root")
+
+
+@pytest.fixture(scope="module")
+def lab(lab_root, tmp_path_factory):
+    """A JupyterLab server on loopback for this module; always shut down, kernels included."""
+    server = lab_driver.LabServer(lab_root, tmp_path_factory.mktemp("lab-state"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def check_notebook_in_lab(browser, server: lab_driver.LabServer, notebook: Path, out_dir: Path, *,
+                          screenshot: Path, **expect) -> tuple[lab_driver.LabRun, list[str]]:
+    """Copy notebook into the server's root, run it from the UI on the smoke profile writing into out_dir,
+    and return what rendered and the problems found (expect: the flags of lab_driver.problems)."""
+    shutil.copy(notebook, server.root_dir / notebook.name)
+    lines = ['PROFILE = "smoke"', f'RESULTS_DIR = "{out_dir / "results"}"',
+             f'FIGURES_DIR = "{out_dir / "figures"}"']
+    run = lab_driver.run_in_lab(browser, server, notebook.name, parameter_lines=lines,
+                                timeout_s=RUN_TIMEOUT_S, screenshot=screenshot)
+    (screenshot.with_suffix(".json")).write_text(json.dumps(asdict(run), indent=1))
+    return run, lab_driver.problems(run, **expect)
+
+
+def test_notebook00_runs_clean_in_jupyterlab(browser, lab, tmp_path):
+    notebook = Path(os.environ.get("BROWSER_TEST_NOTEBOOK") or NOTEBOOK_00).resolve()
+    spec = lab.api("api/kernelspecs")["kernelspecs"].get("python3")
+    assert spec, "JupyterLab has no python3 kernel: `make venv` registers it in .venv"
+    assert Path(spec["spec"]["argv"][0]).parent == Path(sys.executable).parent, (
+        f"the python3 kernel runs {spec['spec']['argv'][0]}, not this environment's {sys.executable}")
+
+    shot = ARTIFACTS / "jupyterlab_notebook00.png"
+    run, found = check_notebook_in_lab(browser, lab, notebook, tmp_path, screenshot=shot)
+    print(lab_driver.summary(run))
+    assert not found, (f"{notebook.name} in JupyterLab: " + "\n- ".join(["", *found])
+                       + f"\n(screenshot: {shot}, page dump: {shot.with_suffix('.json')})")
+
+    kind, where = run.progress_bar()
+    assert kind == "widget", (f"the denoising loop's progress bar rendered only as text ({where}), not as an "
+                              "ipywidgets bar: is ipywidgets / jupyterlab_widgets installed in .venv?")
+    assert run.kernel_name == "Python 3 (fast-diffusion)", f"notebook ran on kernel {run.kernel_name!r}"
+    assert list((tmp_path / "results").glob(f"*/{notebook.stem}.jsonl")), (
+        "no result rows in the temporary RESULTS_DIR: the parameters typed into the cell did not take effect")
+    if os.environ.get("UPDATE_SCREENSHOT") == "1":
+        PUBLISHED_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, PUBLISHED_SCREENSHOT)
+
+
+def planted_notebook(path: Path) -> Path:
+    """A tiny notebook in the collection's shape whose second code cell raises."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (fast-diffusion)", "language": "python",
+                                 "name": "python3"}
+    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nRESULTS_DIR = ""\nFIGURES_DIR = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Planted\n\n## Parameters"), params,
+        nbformat.v4.new_markdown_cell("## 1. Work"),
+        nbformat.v4.new_code_cell("print('before the plant', PROFILE)"),
+        nbformat.v4.new_code_cell('raise RuntimeError("planted")'),
+        nbformat.v4.new_markdown_cell("## Results"),
+        nbformat.v4.new_code_cell("import pandas as pd\npd.DataFrame({'latency (s)': [1.0]})"),
+    ]
+    nbformat.write(nb, path)
+    return path
+
+
+def test_checker_reports_a_planted_error(browser, lab, tmp_path):
+    """Negative control: the same driving and checks, on a notebook that raises, must report the error."""
+    nb = planted_notebook(tmp_path / "planted_error.ipynb")
+    run, found = check_notebook_in_lab(browser, lab, nb, tmp_path, screenshot=ARTIFACTS / "planted_error.png",
+                                       need_plot=False, need_progress=False)
+    errors = [f for f in found if f.startswith("error output in")]
+    assert len(errors) == 1 and "RuntimeError" in errors[0] and "planted" in errors[0], found
+    assert "'raise RuntimeError(\"planted\")'" in errors[0], errors[0]
+    assert any("did not run" in f for f in found), f"the cells after the error should stay unrun: {found}"
+    assert any("no HTML table" in f for f in found), found
+    assert run.code_cells()[1].prompt == "[2]:", "the cells before the error ran"
