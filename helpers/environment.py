@@ -40,7 +40,7 @@ class EnvironmentCard:
     peak_dtype: str
     peak_note: str
 
-    def as_table(self) -> "list[tuple[str, str]]":
+    def as_table(self) -> list[tuple[str, str]]:
         """Rows of (field, value) for display."""
         rows = [(k, str(v)) for k, v in asdict(self).items() if k != "versions"]
         if self.device == "cpu":

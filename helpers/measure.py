@@ -6,8 +6,9 @@ import gc
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -100,19 +101,21 @@ def check_positive_ints(name: str, values: Iterable[Any], multiple_of: int = 1) 
     return values
 
 
-def _check_weights(weights: str) -> str:
-    """Accept 'random', an existing local folder, or a hub id of the form org/name."""
+WEIGHT_CHOICES = ("'random' (seeded random weights in the real architecture, from data/configs), an existing "
+                  "local folder saved with save_pretrained, or a hub id org/name such as "
+                  "'black-forest-labs/FLUX.1-dev'")
+
+
+def check_weights(weights: str) -> str:
+    """Accept 'random', an existing local folder (returned resolved), or a hub id of the form org/name."""
     if weights == "random":
         return weights
     if Path(weights).expanduser().is_dir():
         return str(Path(weights).expanduser().resolve())
     looks_like_path = weights.startswith((".", "/", "~")) or weights.count("/") != 1 or "\\" in weights
     if looks_like_path or not re.fullmatch(r"[\w.-]+/[\w.-]+", weights):
-        raise ParameterError(
-            f"WEIGHTS={weights!r} is not usable: it is not an existing folder. Allowed: 'random' (seeded "
-            "random weights in the real architecture), an existing local folder saved with "
-            "save_pretrained, or a hub id such as 'black-forest-labs/FLUX.1-dev'"
-        )
+        raise ParameterError(f"WEIGHTS={weights!r} is not usable: it is not an existing folder. "
+                             f"Allowed: {WEIGHT_CHOICES}")
     return weights
 
 
@@ -160,7 +163,7 @@ def resolve(
     check_choice("DTYPE", DTYPE, tuple(DTYPES))
     if not isinstance(SEED, int):
         raise ParameterError(f"SEED={SEED!r} must be an integer")
-    weights = _check_weights(str(WEIGHTS))
+    weights = check_weights(str(WEIGHTS))
     profile, reason = _resolve_profile(PROFILE)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     return Run(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +38,7 @@ from transformers import (
 from transformers.initialization import no_init_weights
 
 from helpers import paths
+from helpers.params import check_choice, check_weights
 
 MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
 PROFILES: tuple[str, ...] = ("smoke", "full")
@@ -47,8 +47,6 @@ DENOISER: dict[str, str] = {"flux-dev": "transformer", "sdxl": "unet"}
 CONFIGS_DIR: Path = paths.DATA_DIR / "configs"
 TOKENIZERS_DIR: Path = paths.DATA_DIR / "tokenizers"
 PROMPT = "a photo of a cat holding a sign"
-WEIGHT_CHOICES = ("'random' (seeded random weights in the architecture of data/configs), an existing local "
-                  "folder saved with save_pretrained, or a hub id org/name such as 'black-forest-labs/FLUX.1-dev'")
 
 _PIPELINE_CLASS: dict[str, type[diffusers.DiffusionPipeline]] = {
     "flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline,
@@ -73,17 +71,10 @@ _TIME_EMBEDDERS = ("timestep_embedder", "guidance_embedder", "time_embedding")
 _SDXL_REFERENCE_STEPS = 28
 
 
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    """Return value if allowed, else raise ValueError naming the parameter and the allowed values."""
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; choose one of: {', '.join(map(repr, allowed))}")
-    return value
-
-
 def config_dir(model: str, profile: str) -> Path:
     """Folder holding the component configs of a model at a profile (data/configs/<model>/<profile>)."""
-    _check_choice("MODEL", model, MODELS)
-    _check_choice("PROFILE", profile, PROFILES)
+    check_choice("MODEL", model, MODELS)
+    check_choice("PROFILE", profile, PROFILES)
     return CONFIGS_DIR / model / profile
 
 
@@ -176,18 +167,6 @@ def _time_tapers(module: torch.nn.Module) -> dict[int, torch.Tensor]:
     return tapers
 
 
-def _resolve_weights(weights: str) -> str:
-    """'random', an existing folder (resolved), or a hub id; anything else raises ValueError naming WEIGHTS."""
-    if weights == "random":
-        return weights
-    path = Path(weights).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    if weights.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", weights):
-        raise ValueError(f"WEIGHTS={weights!r} is not usable: it is not an existing folder. Allowed: {WEIGHT_CHOICES}")
-    return weights
-
-
 def _check_saved_pipeline(model: str, folder: Path) -> None:
     """Refuse a local folder whose model_index.json names another pipeline class than the model's."""
     index = folder / "model_index.json"
@@ -211,7 +190,7 @@ def build_pipeline(
     if dtype not in _FLOAT_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed; choose one of: {', '.join(map(str, _FLOAT_DTYPES))}")
     device = torch.device(device)
-    source = _resolve_weights(str(weights))
+    source = check_weights(str(weights))
     pipeline_class = _PIPELINE_CLASS[model]
 
     if source != "random":

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib.pyplot as plt
 
@@ -15,7 +15,7 @@ def figure_path(run: Run, hardware: str, name: str) -> Path:
     return run.figures_dir / hardware / f"{run.notebook}_{name}.png"
 
 
-def save(fig: "plt.Figure", run: Run, hardware: str, name: str) -> Path:
+def save(fig: plt.Figure, run: Run, hardware: str, name: str) -> Path:
     """Save fig as PNG under the run's figures folder and return the path."""
     path = figure_path(run, hardware, name)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -24,7 +24,7 @@ def save(fig: "plt.Figure", run: Run, hardware: str, name: str) -> Path:
 
 
 def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str, xlabel: str = "",
-         errors: Sequence[float] | None = None, note: str = "") -> "plt.Figure":
+         errors: Sequence[float] | None = None, note: str = "") -> plt.Figure:
     """A labelled bar chart (optionally with error bars) with the value printed on each bar."""
     fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
     bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
@@ -40,7 +40,7 @@ def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: 
 
 
 def lines(x: Sequence[float], series: dict[str, Sequence[float]], *, title: str, xlabel: str, ylabel: str,
-          logy: bool = False, note: str = "") -> "plt.Figure":
+          logy: bool = False, note: str = "") -> plt.Figure:
     """A labelled line chart, one line per series, markers on the measured points."""
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, ys in series.items():

@@ -6,7 +6,7 @@ import argparse
 import shutil
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 import papermill
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     for nb in notebooks:
         out = executed / nb.name
         if out.exists():  # keep the previous executed copy instead of overwriting it
-            stamp = datetime.fromtimestamp(out.stat().st_mtime, timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+            stamp = datetime.fromtimestamp(out.stat().st_mtime, UTC).strftime("%Y%m%dT%H%M%SZ")
             (executed / "previous").mkdir(exist_ok=True)
             shutil.move(out, executed / "previous" / f"{nb.stem}.{stamp}.ipynb")
         t0 = time.perf_counter()

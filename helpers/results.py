@@ -7,10 +7,11 @@ import math
 import os
 import tempfile
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -95,7 +96,7 @@ class ResultWriter:
     def __init__(self, run: Run, card: EnvironmentCard) -> None:
         """Prepare a writer for run on the hardware the card describes; nothing is written yet."""
         self.run, self.card = run, card
-        self.run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+        self.run_id = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
         self.path = run.results_dir / card.hardware / f"{run.notebook}.jsonl"
         self.rows: list[Row] = []
 
@@ -126,7 +127,7 @@ class ResultWriter:
             profile=self.run.profile, weights=self.run.weights, hardware=self.card.hardware,
             device_name=self.card.device_name, versions=self.card.versions, git_rev=self.card.git_rev,
             peak_tflops=self.card.peak_tflops, run_id=self.run_id,
-            timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), **base,
+            timestamp=datetime.now(UTC).isoformat(timespec="seconds"), **base,
         )
         row.extra.update(extra)
         if timing is not None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_leaves
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._pytree import tree_leaves
 
 # aten ops whose result the host must wait for: a scalar read, and nonzero (its output size is data-dependent).
 SCALAR_READ = "aten::_local_scalar_dense"
@@ -71,8 +71,9 @@ class SyncCounts:
         return sum(fragment in r.source and (r.device_placed or not device_only) for r in self.reads)
 
     def by_source(self) -> dict[str, int]:
-        """Host reads grouped by (op, device, calling line)."""
-        return dict(Counter(f"{r.op} on {r.device} at {r.source}" for r in self.reads))
+        """Host reads grouped by (op, placement, device, calling line)."""
+        return dict(Counter(f"{r.op} of a {'device-placed' if r.device_placed else 'host'} tensor ({r.device}) "
+                            f"at {r.source}" for r in self.reads))
 
 
 def _caller() -> str:

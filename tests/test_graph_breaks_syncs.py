@@ -86,6 +86,25 @@ def test_count_syncs_sees_item_and_nonzero_with_their_source():
     assert {r.op for r in counts.reads} == {"nonzero", "item", "float"}
 
 
+def test_stand_ins_mark_reads_of_values_computed_from_them():
+    x, y = torch.tensor([0.0, 1.0, 2.0]), torch.tensor([5.0])
+
+    def fn():
+        syncs.stand_in_for_device(x)
+        derived = (x * 2)[1:]  # computed from a stand-in: device-placed too
+        return derived.sum().item() + y.item() + float(x[0])
+
+    counts, out = syncs.count_syncs(fn, torch.device("cpu"))
+    assert out == 11.0 and counts.host_reads == 3
+    assert counts.device_reads == 2 and counts.device_syncs == 0  # marked, but a CPU has nothing to wait for
+    assert [r.device_placed for r in counts.reads] == [True, False, True]
+    assert any(k.startswith("item of a device-placed tensor") for k in counts.by_source())
+    # outside count_syncs marking does nothing, and a later count starts clean
+    syncs.stand_in_for_device(y)
+    again, _ = syncs.count_syncs(lambda: y.item(), torch.device("cpu"))
+    assert again.host_reads == 1 and again.device_reads == 0
+
+
 def test_count_syncs_of_a_read_free_function_is_zero():
     counts, _ = syncs.count_syncs(lambda: torch.ones(3) * 2, torch.device("cpu"))
     assert counts.host_reads == 0 and counts.reads == []

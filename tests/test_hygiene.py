@@ -3,7 +3,9 @@
 import json
 import re
 
+import nbformat
 import pytest
+from papermill.translators import PythonTranslator
 
 from helpers import paths
 
@@ -33,7 +35,12 @@ def test_notebook_hygiene(path):
     assert nb["cells"][tagged[0]] is code[0], "the parameters cell is the first code cell"
     params = "".join(code[0]["source"])
     for name in ("PROFILE", "MODEL", "WEIGHTS", "SEED", "RESULTS_DIR", "FIGURES_DIR"):
-        assert re.search(rf"^{name} = ", params, re.M), f"parameters cell lacks {name}"
+        assert re.search(rf"^{name} = ", params, re.MULTILINE), f"parameters cell lacks {name}"
+    # papermill's parser skips (with a warning) any line it cannot read, e.g. an apostrophe in a comment;
+    # a skipped line is a parameter papermill cannot override
+    parsed = {p.name for p in PythonTranslator.inspect(nbformat.from_dict({**code[0], "source": params}))}
+    assigned = set(re.findall(r"^([A-Z_][A-Z0-9_]*) = ", params, re.MULTILINE))
+    assert parsed == assigned, f"papermill cannot read these parameter lines: {sorted(assigned - parsed)}"
     text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
     assert text.startswith(f"# {path.stem[:2]} · "), "title '# NN · ...' first"
     missing = [s for s in SECTIONS if s not in text]

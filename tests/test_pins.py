@@ -7,7 +7,7 @@ from helpers import paths
 
 def _pins(text: str) -> dict[str, str]:
     return {m.group(1).lower().replace("_", "-"): m.group(2)
-            for m in re.finditer(r"^[\s-]*([A-Za-z0-9_.-]+)==([^\s#]+)", text, re.M)}
+            for m in re.finditer(r"^[\s-]*([A-Za-z0-9_.-]+)==([^\s#]+)", text, re.MULTILINE)}
 
 
 def test_environment_yml_matches_requirements():
