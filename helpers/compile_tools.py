@@ -22,13 +22,17 @@ RecompileLimitHit = torch._dynamo.exc.FailOnRecompileLimitHit
 
 @dataclass
 class CompileCounts:
-    """What dynamo did inside a `counting()` block: graphs compiled, ops traced, and graph breaks with their reasons."""
+    """What dynamo did inside a `counting()` block: graphs compiled, ops traced, and graph breaks with their reasons.
+
+    Breaks are read from both of dynamo's counter keys: most land under `graph_break`, but torch 2.13 files some
+    (a Python `if` on a tensor value) only under `unimplemented`; `unimplemented` holds that key's share."""
 
     graphs: int = 0
     frames: int = 0
     graph_breaks: int = 0
     break_reasons: dict[str, int] = field(default_factory=dict)
     ops_captured: int = 0
+    unimplemented: int = 0
 
     @property
     def recompiles(self) -> int:
@@ -36,24 +40,38 @@ class CompileCounts:
         return self.graphs
 
 
-def _snapshot() -> tuple[int, int, dict[str, int], int]:
-    """Current totals of compiled graphs, compiled frames, graph breaks by reason and traced ops."""
+def _snapshot() -> tuple[int, int, dict[str, int], dict[str, int], int]:
+    """Current totals of compiled graphs, compiled frames, breaks by reason (both keys) and traced ops."""
     stats = counters["stats"]
-    return (stats["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"]), stats["calls_captured"])
+    return (stats["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"]),
+            dict(counters["unimplemented"]), stats["calls_captured"])
+
+
+def _new(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Counts added between two snapshots of one counter key, by the first line of the reason."""
+    added: dict[str, int] = {}
+    for key, n in after.items():
+        if n - before.get(key, 0) > 0:
+            reason = key.split("\n")[0].strip()
+            added[reason] = added.get(reason, 0) + n - before.get(key, 0)
+    return added
 
 
 @contextlib.contextmanager
 def counting() -> Iterator[CompileCounts]:
     """Count graphs compiled, ops traced and graph breaks hit inside the block (filled in on exit)."""
     result = CompileCounts()
-    graphs0, frames0, breaks0, ops0 = _snapshot()
+    graphs0, frames0, breaks0, unimpl0, ops0 = _snapshot()
     try:
         yield result
     finally:
-        graphs1, frames1, breaks1, ops1 = _snapshot()
+        graphs1, frames1, breaks1, unimpl1, ops1 = _snapshot()
         result.graphs, result.frames, result.ops_captured = graphs1 - graphs0, frames1 - frames0, ops1 - ops0
-        reasons = {k.split("\n")[0].strip(): v - breaks0.get(k, 0) for k, v in breaks1.items()}
-        result.break_reasons = {k: v for k, v in reasons.items() if v > 0}
+        unimplemented = _new(unimpl0, unimpl1)
+        result.break_reasons = _new(breaks0, breaks1)
+        for reason, n in unimplemented.items():
+            result.break_reasons[reason] = result.break_reasons.get(reason, 0) + n
+        result.unimplemented = sum(unimplemented.values())
         result.graph_breaks = sum(result.break_reasons.values())
 
 

@@ -104,3 +104,19 @@ def test_coldstart_cache_env_and_fresh_dir(tmp_path):
                             artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path))
     assert r.steady_median_s == 2.5
     assert json.loads(json.dumps(r.__dict__))["how"] == "full"
+
+
+def test_counting_sees_a_data_dependent_branch():
+    def branchy(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # a Python `if` on a tensor value: dynamo breaks the graph here
+            return x * 2
+        return x - 1
+
+    compile_tools.reset()
+    fn = torch.compile(branchy, backend="eager")
+    with compile_tools.counting() as c:
+        assert torch.equal(fn(torch.ones(4)), torch.full((4,), 2.0))
+    assert c.graph_breaks >= 1 and c.graphs >= 1, c
+    assert c.graph_breaks == sum(c.break_reasons.values()) and 1 <= c.unimplemented <= c.graph_breaks
+    assert any("data-dependent" in r.lower() for r in c.break_reasons), c.break_reasons  # filed as unimplemented
+    compile_tools.reset()
