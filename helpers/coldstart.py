@@ -79,6 +79,22 @@ def remove_dirs(dirs: list[Path]) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def copy_cache_dir(source: str | Path) -> Path:
+    """A new folder holding a copy of another process's compile caches: a warm start from the cache directory."""
+    target = fresh_cache_dir("warmdir-")
+    shutil.copytree(source, target, dirs_exist_ok=True)
+    return target
+
+
+# Compiled kernel files in a cache: C++ kernel libraries (CPU) and triton's cubins and launchers (CUDA).
+KERNEL_SUFFIXES: tuple[str, ...] = (".so", ".cubin")
+
+
+def kernel_files(cache_dir: str | Path) -> int:
+    """Compiled kernel files under cache_dir (a process that finds its kernels cached builds none)."""
+    return sum(1 for p in Path(cache_dir).rglob("*") if p.suffix in KERNEL_SUFFIXES)
+
+
 def cache_env(cache_dir: Path) -> dict[str, str]:
     """Environment variables that point inductor's and triton's caches into cache_dir."""
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton")}
@@ -99,6 +115,7 @@ def measure_fresh(work: Workload, how: str, cache_dir: Path, *, repeats: int, wa
     if load_artifacts:
         cmd += ["--load-artifacts", str(load_artifacts)]
     env = os.environ | cache_env(cache_dir)
+    kernels_before = kernel_files(cache_dir)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, check=False, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
@@ -106,7 +123,9 @@ def measure_fresh(work: Workload, how: str, cache_dir: Path, *, repeats: int, wa
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"helpers.coldstart child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     data = json.loads(lines[-1][len(_MARK):])
-    return ColdStart(process_wall_s=wall, cache_dir=str(cache_dir), **data)
+    result = ColdStart(process_wall_s=wall, cache_dir=str(cache_dir), **data)
+    result.extra["kernel_files_built"] = kernel_files(cache_dir) - kernels_before
+    return result
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
