@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,8 +52,12 @@ class NaiveAttnProcessor:
     """Wraps a denoiser's own attention processor (projections, norms, rotary) and swaps only its SDPA call for naive."""
 
     def __init__(self, inner: Any) -> None:
-        """Keep the processor being wrapped."""
+        """Keep the processor being wrapped, and show diffusers its signature."""
         self.inner = inner
+        # diffusers reads `processor.__call__`'s parameters to decide which keyword arguments to pass on (and
+        # warns about the rest); this instance attribute shows it the wrapped processor's, so e.g. SDXL's
+        # `temb` reaches it as before. Calling the processor still goes through the class's __call__ below.
+        self.__call__ = functools.wraps(inner.__call__)(functools.partial(type(self).__call__, self))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped processor with naive_attention in place of torch SDPA."""

@@ -131,5 +131,5 @@ def hotswap(pipe: Any, folder: Path, adapter_name: str, target_rank: int) -> Non
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """max |a - b| / max |b|, computed in fp32: a scale-free distance between two outputs."""
-    a, b = a.float(), b.float()
+    a, b = a.detach().float(), b.detach().float()
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
