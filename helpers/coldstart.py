@@ -28,7 +28,7 @@ _MARK = "COLDSTART_JSON "
 
 @dataclass(frozen=True)
 class Workload:
-    """What the child builds and runs: model, profile, dtype, seed and one denoiser call's shape."""
+    """What the child builds and runs: model, profile, dtype, seed, denoiser config overrides, one call's shape."""
 
     model: str
     profile: str
@@ -39,6 +39,7 @@ class Workload:
     max_sequence_length: int
     guidance: float
     weights: str = "random"
+    denoiser_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -138,7 +139,8 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     work = Workload(**json.loads(args.work))
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     pipe = pipelines.build_pipeline(work.model, work.profile, weights=work.weights,
-                                    dtype=params.DTYPES[work.dtype], device=device, seed=work.seed)
+                                    dtype=params.DTYPES[work.dtype], device=device, seed=work.seed,
+                                    denoiser_config=work.denoiser_config or None)
     inputs = pipelines.denoiser_inputs(pipe, height=work.height, width=work.width, guidance=work.guidance,
                                        max_sequence_length=work.max_sequence_length, seed=work.seed)
     net = pipelines.denoiser(pipe)

@@ -78,10 +78,22 @@ def config_dir(model: str, profile: str) -> Path:
     return CONFIGS_DIR / model / profile
 
 
-def _model_from_config(cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype) -> torch.nn.Module:
+def flux_depth(profile: str) -> list[int]:
+    """[double-stream, single-stream] block counts of the shipped Flux transformer config of a profile."""
+    config = json.loads((config_dir("flux-dev", profile) / "transformer" / "config.json").read_text())
+    return [config["num_layers"], config["num_single_layers"]]
+
+
+def _model_from_config(cls: type[torch.nn.Module], folder: Path, dtype: torch.dtype,
+                       overrides: dict[str, Any] | None = None) -> torch.nn.Module:
     """Instantiate a diffusers or transformers model class from the config in folder (no weights loaded)."""
     if not issubclass(cls, transformers.PreTrainedModel):
-        return cls.from_config(cls.load_config(folder))
+        config = dict(cls.load_config(folder))
+        unknown = sorted(set(overrides or {}) - set(config))
+        if unknown:
+            raise ValueError(f"denoiser_config: {unknown} are not fields of {cls.__name__}'s config; "
+                             f"allowed: {sorted(k for k in config if not k.startswith('_'))}")
+        return cls.from_config(config | (overrides or {}))
     config = cls.config_class.from_pretrained(folder)
     # transformers 5 builds sub-models in config.dtype (the published configs say float16/bfloat16), not in the
     # default dtype, and ties embeddings inside the init_weights that no_init_weights switches off.
@@ -103,11 +115,13 @@ def _created_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _build_models(model: str, profile: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
+def _build_models(model: str, profile: str, device: torch.device, dtype: torch.dtype,
+                  denoiser_config: dict[str, Any] | None = None) -> dict[str, torch.nn.Module]:
     """Every model component of a pipeline, instantiated from data/configs on device in dtype, uninitialised."""
     folder = config_dir(model, profile)
     with _created_on(device, dtype):
-        return {name: _model_from_config(cls, folder / name, dtype) for name, cls in _MODEL_CLASSES[model].items()}
+        return {name: _model_from_config(cls, folder / name, dtype, denoiser_config if name == DENOISER[model] else None)
+                for name, cls in _MODEL_CLASSES[model].items()}
 
 
 def _component_seed(seed: int, name: str) -> int:
@@ -184,14 +198,21 @@ def build_pipeline(
     dtype: torch.dtype = torch.bfloat16,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    denoiser_config: dict[str, Any] | None = None,
 ) -> diffusers.DiffusionPipeline:
-    """The model's real diffusers pipeline on device in dtype, with seeded random or pretrained weights."""
+    """The model's real diffusers pipeline on device in dtype, with seeded random or pretrained weights.
+
+    denoiser_config overrides fields of the denoiser's shipped config (random weights only), e.g. the smoke
+    Flux at Flux-1-Dev's depth: {"num_layers": 19, "num_single_layers": 38}."""
     config_dir(model, profile)
     if dtype not in _FLOAT_DTYPES:
         raise ValueError(f"dtype={dtype!r} is not allowed; choose one of: {', '.join(map(str, _FLOAT_DTYPES))}")
     device = torch.device(device)
     source = check_weights(str(weights))
     pipeline_class = _PIPELINE_CLASS[model]
+    if denoiser_config and source != "random":
+        raise ValueError(f"denoiser_config={denoiser_config!r} changes the architecture, so it needs "
+                         f"WEIGHTS='random', not {source!r}")
 
     if source != "random":
         if Path(source).is_dir():
@@ -199,7 +220,7 @@ def build_pipeline(
         # diffusers 0.42 names the argument dtype (torch_dtype still works but is deprecated).
         pipe = pipeline_class.from_pretrained(source, dtype=dtype).to(device)
     else:
-        components: dict[str, Any] = _build_models(model, profile, device, dtype)
+        components: dict[str, Any] = _build_models(model, profile, device, dtype, denoiser_config)
         for name, module in components.items():
             _randomise(module, _component_seed(seed, name))
         scheduler_class = _SCHEDULER_CLASS[model]

@@ -18,7 +18,8 @@ def test_regional_compilation_rows(tmp_path):
         assert r["extra"]["process_wall_s"] > r["compile_s"]
     assert full["extra"]["how"] == "full"
     assert regional["extra"]["how"] == warm["extra"]["how"] == warm_dir["extra"]["how"] == "regional"
-    # regional cold compile is faster than the full cold compile
+    # the smoke model has Flux-1-Dev's depth (19 + 38 blocks), and regional cold compile beats the full one
+    assert all(r["extra"]["blocks"] == [19, 38] for r in (full, regional, warm, warm_dir))
     assert regional["compile_s"] < full["compile_s"]
     # regional traces each block class once: fewer ops than the whole model
     assert regional["extra"]["ops_captured"] < full["extra"]["ops_captured"]
@@ -34,3 +35,9 @@ def test_regional_compilation_rows(tmp_path):
     assert ratios["full_cold_over_regional_cold"] == pytest.approx(full["compile_s"] / regional["compile_s"])
     assert (nb.figures_dir / "cpu" / "04_regional_compilation_compile_latency.png").stat().st_size > 1000
     assert "not measured" in nb.text()
+
+
+def test_bad_blocks_fail_fast(tmp_path):
+    with pytest.raises(Exception, match=r"BLOCKS=\[3\]: a list \[double, single\]"):
+        run_notebook("04_regional_compilation", tmp_path, BLOCKS=[3])
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -254,3 +254,15 @@ def test_bf16_build_computes_what_fp32_build_computes(model, smoke_fp32):
         out = pipelines.denoiser(half)(
             **pipelines.denoiser_inputs(half, height=128, width=128, max_sequence_length=32))[0]
     assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_denoiser_config_overrides_depth_only_for_random_weights(tmp_path):
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32,
+                                    denoiser_config={"num_layers": 3, "num_single_layers": 5})
+    assert len(pipe.transformer.transformer_blocks) == 3 and len(pipe.transformer.single_transformer_blocks) == 5
+    assert pipe.transformer.config.attention_head_dim == 16  # everything else as shipped
+    assert pipelines.flux_depth("full") == [19, 38] and pipelines.flux_depth("smoke") == [2, 4]
+    with pytest.raises(ValueError, match=r"denoiser_config: \['num_layer'\] are not fields.*num_layers"):
+        pipelines.build_pipeline("flux-dev", "smoke", denoiser_config={"num_layer": 3})
+    with pytest.raises(ValueError, match="needs WEIGHTS='random'"):
+        pipelines.build_pipeline("flux-dev", "smoke", weights=str(tmp_path), denoiser_config={"num_layers": 3})
