@@ -16,6 +16,8 @@ import torch._dynamo.exc
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxTransformer2DModel
 from torch._dynamo.utils import counters
 
+from helpers.precision import cast_module
+
 # Where the planted attention processors go: the first double-stream and the first single-stream block.
 DEBUG_PRINT_BLOCK = "transformer_blocks.0.attn.processor"
 DEBUG_ITEM_BLOCK = "single_transformer_blocks.0.attn.processor"
@@ -204,7 +206,7 @@ def fp32_reference(module: torch.nn.Module, inputs: dict[str, Any]) -> torch.Ten
     try:
         out = module(**up)
     finally:
-        module.to(dtype)
+        cast_module(module, dtype)
     return (out[0] if isinstance(out, (tuple, list)) else out).float()
 
 
