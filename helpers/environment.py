@@ -60,15 +60,23 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+# Paths a run writes, excluded from the dirty check (git pathspec syntax).
+_RUN_OUTPUTS: tuple[str, ...] = (":(exclude)data/results", ":(exclude)figures", ":(exclude)README.md")
+
+
 def git_revision() -> str:
-    """Commit of the project checkout, with '+dirty' when tracked files differ; 'unknown' outside git."""
+    """Commit of the project checkout, '+dirty' when tracked code differs from it; 'unknown' outside git.
+
+    What runs write (data/results/, figures/, the README's generated table) does not count as a change: a rerun
+    on top of committed results must still name the clean commit it ran."""
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True,
             timeout=10, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=paths.ROOT, capture_output=True,
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_RUN_OUTPUTS], cwd=paths.ROOT,
+            capture_output=True,
             text=True, timeout=10,
         ).stdout.strip()
         return rev + ("+dirty" if dirty else "")
