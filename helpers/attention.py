@@ -22,6 +22,12 @@ SDPA_BACKENDS: dict[str, SDPBackend] = {
 }
 IMPLEMENTATIONS: tuple[str, ...] = ("naive", *SDPA_BACKENDS)
 REFERENCE = "sdpa-math"
+_NAIVE_CALLS: list[int] = [0]  # calls of naive_attention so far, to prove the naive processor was in effect
+
+
+def naive_calls() -> int:
+    """How many times naive_attention has run in this process (take a difference around a call)."""
+    return _NAIVE_CALLS[0]
 
 
 def naive_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -30,6 +36,7 @@ def naive_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     """softmax(Q K^T * scale) V written out: materialises the full (batch, heads, Nq, Nk) score matrix."""
     if dropout_p or is_causal or enable_gqa:
         raise NotImplementedError("naive_attention covers inference without dropout, causal masks or GQA")
+    _NAIVE_CALLS[0] += 1
     scale = query.shape[-1] ** -0.5 if scale is None else scale
     scores = (query * scale) @ key.transpose(-2, -1)
     if attn_mask is not None:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch._dynamo
 import torch._inductor.config
+import torch._inductor.utils
 import torch.fx.experimental._config
 from torch._dynamo.utils import counters
 
@@ -25,7 +26,9 @@ class CompileCounts:
     """What dynamo did inside a `counting()` block: graphs compiled, ops traced, and graph breaks with their reasons.
 
     Breaks are read from both of dynamo's counter keys: most land under `graph_break`, but torch 2.13 files some
-    (a Python `if` on a tensor value) only under `unimplemented`; `unimplemented` holds that key's share."""
+    (a Python `if` on a tensor value) only under `unimplemented`; `unimplemented` holds that key's share.
+    cache_hits / cache_misses add up inductor's FX-graph cache and AOTAutograd's cache lookups: a cold compile
+    has hits == 0."""
 
     graphs: int = 0
     frames: int = 0
@@ -33,6 +36,8 @@ class CompileCounts:
     break_reasons: dict[str, int] = field(default_factory=dict)
     ops_captured: int = 0
     unimplemented: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     @property
     def recompiles(self) -> int:
@@ -40,11 +45,13 @@ class CompileCounts:
         return self.graphs
 
 
-def _snapshot() -> tuple[int, int, dict[str, int], dict[str, int], int]:
-    """Current totals of compiled graphs, compiled frames, breaks by reason (both keys) and traced ops."""
-    stats = counters["stats"]
+def _snapshot() -> tuple[int, int, dict[str, int], dict[str, int], int, int, int]:
+    """Current totals of compiled graphs, compiled frames, breaks by reason (both keys), traced ops, cache hits/misses."""
+    stats, inductor, aot = counters["stats"], counters["inductor"], counters["aot_autograd"]
+    hits = inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
+    misses = inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"]
     return (stats["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"]),
-            dict(counters["unimplemented"]), stats["calls_captured"])
+            dict(counters["unimplemented"]), stats["calls_captured"], hits, misses)
 
 
 def _new(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -61,12 +68,13 @@ def _new(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 def counting() -> Iterator[CompileCounts]:
     """Count graphs compiled, ops traced and graph breaks hit inside the block (filled in on exit)."""
     result = CompileCounts()
-    graphs0, frames0, breaks0, unimpl0, ops0 = _snapshot()
+    graphs0, frames0, breaks0, unimpl0, ops0, hits0, misses0 = _snapshot()
     try:
         yield result
     finally:
-        graphs1, frames1, breaks1, unimpl1, ops1 = _snapshot()
+        graphs1, frames1, breaks1, unimpl1, ops1, hits1, misses1 = _snapshot()
         result.graphs, result.frames, result.ops_captured = graphs1 - graphs0, frames1 - frames0, ops1 - ops0
+        result.cache_hits, result.cache_misses = hits1 - hits0, misses1 - misses0
         unimplemented = _new(unimpl0, unimpl1)
         result.break_reasons = _new(breaks0, breaks1)
         for reason, n in unimplemented.items():
@@ -79,6 +87,13 @@ def reset() -> None:
     """Forget every compiled graph and zero the counters, so the next call compiles from scratch."""
     torch._dynamo.reset()
     counters.clear()
+
+
+@contextlib.contextmanager
+def fresh_cache() -> Iterator[None]:
+    """Compile inside the block against a new, empty inductor (and triton) cache, deleted on exit: a cold compile."""
+    with torch._inductor.utils.fresh_cache():
+        yield
 
 
 @contextlib.contextmanager

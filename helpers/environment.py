@@ -76,7 +76,7 @@ def git_revision() -> str:
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", *_RUN_OUTPUTS], cwd=paths.ROOT,
-            capture_output=True,
+            capture_output=True, check=False,
             text=True, timeout=10,
         ).stdout.strip()
         return rev + ("+dirty" if dirty else "")

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import statistics
-import threading
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._C._autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 
@@ -55,8 +59,9 @@ class Memory:
 MEMORY_KINDS: dict[str, str] = {
     "cuda_max_allocated": "CUDA caching allocator: torch.cuda.max_memory_allocated() during the call "
     "(tensors only; excludes the CUDA context and allocator slack)",
-    "cpu_rss_sampled": "CPU: peak resident set size of the process, sampled every millisecond during "
-    "the call (includes the Python heap and allocator caches, so it is an upper bound on tensor memory)",
+    "cpu_allocated_during_call": "CPU: peak of the bytes that the call allocated through PyTorch's CPU allocator "
+    "and had not yet freed (the profiler's memory events: activations, temporaries, outputs); weights and inputs "
+    "allocated before the call are not included, so it is the call's working memory, not the process's",
 }
 
 
@@ -101,15 +106,48 @@ def first_call_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[flo
     return time.perf_counter() - t0, out
 
 
-def _rss_bytes() -> int:
-    """Resident set size of this process."""
-    import psutil
+@contextlib.contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null inside the block (for C++ log lines that bypass Python)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
-    return psutil.Process().memory_info().rss
+
+@contextlib.contextmanager
+def quiet_profile(**kwargs: Any) -> Iterator[profile]:
+    """torch.profiler.profile(**kwargs) without the log lines kineto prints to stderr as it starts and stops."""
+    prof = profile(**kwargs)
+    with _stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
+def _allocation_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """Run fn under the profiler's memory tracking; peak of bytes allocated during the call and not yet freed."""
+    with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak, out
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, Any]:
-    """Run fn once and return the peak memory it reached (CUDA allocator, or sampled RSS on CPU)."""
+    """Run fn once and return the peak memory it reached (CUDA allocator; on CPU, bytes allocated by the call)."""
     gc.collect()
     if device.type == "cuda":
         synchronize(device)
@@ -119,24 +157,8 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, An
         out = fn()
         synchronize(device)
         return Memory(torch.cuda.max_memory_allocated(device), baseline, "cuda_max_allocated"), out
-    baseline = _rss_bytes()
-    peak = [baseline]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out = fn()
-    finally:
-        done.set()
-        sampler.join()
-    peak[0] = max(peak[0], _rss_bytes())
-    return Memory(peak[0], baseline, "cpu_rss_sampled"), out
+    peak, out = _allocation_peak(fn)
+    return Memory(peak, 0, "cpu_allocated_during_call"), out
 
 
 def count_flops(fn: Callable[[], Any]) -> int:

@@ -8,3 +8,9 @@ DATA_DIR: Path = ROOT / "data"
 RESULTS_DIR: Path = DATA_DIR / "results"
 REFERENCE_DIR: Path = DATA_DIR / "reference"
 FIGURES_DIR: Path = ROOT / "figures"
+
+
+def relative(path: Path) -> str:
+    """path relative to the project root when it lies inside it (for rows and messages), else as given."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)

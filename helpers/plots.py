@@ -9,6 +9,19 @@ import matplotlib.pyplot as plt
 
 from helpers.params import Run
 
+# Words that name a unit (or say the axis is a plain count or ratio): a value axis must carry one.
+UNIT_WORDS: tuple[str, ...] = ("(s)", "(ms)", "(GiB)", "(MiB)", "(x)", "(%)", "seconds", "milliseconds", "per ",
+                               "relative", "ratio", "count", "(TFLOP/s)")
+
+
+def check_labels(title: str, xlabel: str, ylabel: str) -> None:
+    """Refuse a plot without a title or axis labels, or whose value axis names no unit."""
+    missing = [n for n, v in (("title", title), ("xlabel", xlabel), ("ylabel", ylabel)) if not v.strip()]
+    if missing:
+        raise ValueError(f"a plot needs a title and both axis labels; missing: {', '.join(missing)}")
+    if not any(w in ylabel for w in UNIT_WORDS):
+        raise ValueError(f"ylabel={ylabel!r} names no unit; say one of {UNIT_WORDS}, e.g. 'latency (s)'")
+
 
 def figure_path(run: Run, hardware: str, name: str) -> Path:
     """Where a notebook's figure goes: <figures>/<hardware>/<notebook>_<name>.png."""
@@ -23,9 +36,10 @@ def save(fig: plt.Figure, run: Run, hardware: str, name: str) -> Path:
     return path
 
 
-def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: str, xlabel: str = "",
+def bars(labels: Sequence[str], values: Sequence[float], *, title: str, xlabel: str, ylabel: str,
          errors: Sequence[float] | None = None, note: str = "") -> plt.Figure:
     """A labelled bar chart (optionally with error bars) with the value printed on each bar."""
+    check_labels(title, xlabel, ylabel)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
     bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
@@ -42,6 +56,7 @@ def bars(labels: Sequence[str], values: Sequence[float], *, title: str, ylabel: 
 def lines(x: Sequence[float], series: dict[str, Sequence[float]], *, title: str, xlabel: str, ylabel: str,
           logy: bool = False, note: str = "") -> plt.Figure:
     """A labelled line chart, one line per series, markers on the measured points."""
+    check_labels(title, xlabel, ylabel)
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for label, ys in series.items():
         ax.plot(x, ys, marker="o", label=label)

@@ -23,8 +23,8 @@ class Session:
         r = self.run
         rows = [("notebook", r.notebook), ("profile", r.profile_reason), ("model", r.model),
                 ("weights", r.weights), ("dtype", r.dtype_name), ("seed", str(r.seed)),
-                ("workload", f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
-                             f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}"),
+                ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
+                             f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}")),
                 ("timing", f"{r.settings.warmup} warm-up + {r.settings.repeats} timed runs, median reported"),
                 ("results file", str(self.writer.path))]
         rows += self.card.as_table()

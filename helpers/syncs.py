@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity
 from torch.utils._pytree import tree_leaves
+
+from helpers import measure
 
 # aten ops whose result the host must wait for: a scalar read, and nonzero (its output size is data-dependent).
 SCALAR_READ = "aten::_local_scalar_dense"
@@ -154,7 +156,7 @@ def count_syncs(fn: Callable[[], Any], device: torch.device) -> tuple[SyncCounts
             torch.cuda.set_sync_debug_mode("warn")
         try:
             _ACTIVE.append(recorder)
-            with profile(activities=activities) as prof, recorder:
+            with measure.quiet_profile(activities=activities) as prof, recorder:
                 out = fn()
                 if is_cuda:
                     torch.cuda.set_sync_debug_mode(previous)

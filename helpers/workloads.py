@@ -16,11 +16,11 @@ PROMPT = "a photo of a red fox reading a newspaper in a quiet cafe, morning ligh
 def pipeline_kwargs(run: Run, *, output_type: str = "pil", seed: int | None = None) -> dict[str, Any]:
     """Keyword arguments for one full pipeline call at the run's profile settings."""
     s = run.settings
-    kwargs: dict[str, Any] = dict(
-        prompt=PROMPT, height=s.height, width=s.width, num_inference_steps=s.steps,
-        guidance_scale=s.guidance, output_type=output_type,
-        generator=torch.Generator(device="cpu").manual_seed(run.seed if seed is None else seed),
-    )
+    kwargs: dict[str, Any] = {
+        "prompt": PROMPT, "height": s.height, "width": s.width, "num_inference_steps": s.steps,
+        "guidance_scale": s.guidance, "output_type": output_type,
+        "generator": torch.Generator(device="cpu").manual_seed(run.seed if seed is None else seed),
+    }
     if run.model == "flux-dev":
         kwargs["max_sequence_length"] = s.max_sequence_length
     return kwargs

@@ -42,7 +42,7 @@ class NotebookRun:
 def run_notebook(name: str, tmp_path: Path, **parameters: Any) -> NotebookRun:
     """Execute notebooks/<name>.ipynb on the smoke profile (plus parameters) with kernel python3."""
     res, figs = tmp_path / "results", tmp_path / "figures"
-    params = dict(PROFILE="smoke", RESULTS_DIR=str(res), FIGURES_DIR=str(figs)) | parameters
+    params = {"PROFILE": "smoke", "RESULTS_DIR": str(res), "FIGURES_DIR": str(figs)} | parameters
     out = tmp_path / f"{name}.executed.ipynb"
     papermill.execute_notebook(
         str(paths.NOTEBOOKS_DIR / f"{name}.ipynb"), str(out), parameters=params, kernel_name="python3",

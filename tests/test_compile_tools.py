@@ -120,3 +120,17 @@ def test_counting_sees_a_data_dependent_branch():
     assert c.graph_breaks == sum(c.break_reasons.values()) and 1 <= c.unimplemented <= c.graph_breaks
     assert any("data-dependent" in r.lower() for r in c.break_reasons), c.break_reasons  # filed as unimplemented
     compile_tools.reset()
+
+
+def test_fresh_cache_makes_the_first_compile_cold_and_counts_cache_lookups():
+    """Inductor (C++ on a CPU) once: a fresh cache misses, the same graph compiled again in it hits."""
+    x = torch.randn(2, 4)
+    with compile_tools.fresh_cache():
+        compile_tools.reset()
+        with compile_tools.counting() as cold:
+            torch.compile(Tiny(), dynamic=False)(x)
+        torch._dynamo.reset()  # forget the compiled graph, keep the on-disk cache of this block
+        with compile_tools.counting() as warm:
+            torch.compile(Tiny(), dynamic=False)(x)
+    assert cold.cache_misses >= 1 and cold.cache_hits == 0, cold
+    assert warm.cache_hits >= 1, warm

@@ -1,0 +1,27 @@
+"""Unit tests of helpers.plots: every plot has a title, both axis labels and a unit on its value axis."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+from helpers import plots
+
+
+def test_bars_and_lines_carry_title_labels_and_unit():
+    fig = plots.bars(["a", "b"], [1.0, 2.0], title="T", xlabel="setting", ylabel="latency (s)")
+    ax = fig.axes[0]
+    assert ax.get_title() == "T" and ax.get_xlabel() == "setting" and ax.get_ylabel() == "latency (s)"
+    fig = plots.lines([1, 2], {"x": [1.0, 2.0]}, title="T", xlabel="resolution (px)", ylabel="peak memory (GiB)")
+    assert fig.axes[0].get_xlabel() == "resolution (px)"
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"title": "", "xlabel": "x", "ylabel": "latency (s)"}, "missing: title"),
+    ({"title": "T", "xlabel": "", "ylabel": "latency (s)"}, "missing: xlabel"),
+    ({"title": "T", "xlabel": "x", "ylabel": "latency"}, "names no unit"),
+])
+def test_a_plot_without_labels_or_unit_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plots.bars(["a"], [1.0], **kwargs)
