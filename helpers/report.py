@@ -22,6 +22,22 @@ def comparisons(reference_dir: Path = paths.REFERENCE_DIR) -> pd.DataFrame:
     return pd.read_csv(reference_dir / "comparisons.csv", keep_default_na=False)
 
 
+def coverage(reference_dir: Path = paths.REFERENCE_DIR) -> pd.DataFrame:
+    """Every published figure with the comparisons that use it, or the reason no notebook reproduces it."""
+    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
+    skipped = pd.read_csv(reference_dir / "not-covered.csv", keep_default_na=False)
+    out = []
+    for r in pub.itertuples():
+        used = [c.id for c in comps.itertuples() if c.published_source == r.source and c.published_metric == r.metric
+                and r.scenario in (c.published_scenario, c.published_base_scenario)]
+        why = skipped[(skipped["source"] == r.source) & (skipped["scenario"] == r.scenario)
+                      & (skipped["metric"] == r.metric)]["reason"]
+        out.append({"source": r.source, "hardware": r.hardware, "scenario": r.scenario, "metric": r.metric,
+                    "published": f"{r.value:g} {r.unit}", "compared in": ", ".join(used),
+                    "not reproduced because": why.iloc[0] if len(why) else ""})
+    return pd.DataFrame(out)
+
+
 def _published_value(pub: pd.DataFrame, source: str, scenario: str, metric: str) -> float:
     """One published figure, converted to seconds or bytes."""
     hit = pub[(pub["source"] == source) & (pub["scenario"] == scenario) & (pub["metric"] == metric)]
@@ -40,10 +56,19 @@ def _measured_value(rows: pd.DataFrame, scenario: str, field: str) -> float | No
 
 
 def _hardware_matches(hardware_class: str, hardware: str) -> bool:
-    """True when a comparison of this class may be made on this hardware."""
+    """True when a comparison of this class ('GPU', 'H100', 'RTX 4090', ...) may be made on this hardware slug."""
     if hardware == "cpu":
         return False
-    return hardware_class == "GPU" or hardware.lower().startswith(hardware_class.lower())
+    return hardware_class == "GPU" or hardware.lower().startswith(hardware_class.lower().replace(" ", "-"))
+
+
+def verdict(factor: float, tolerance: float, better: str) -> str:
+    """'within ±x%' inside the band [1/(1+tol), 1+tol], else better or worse than published in the comparison's sense."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better={better!r}; allowed: 'higher', 'lower'")
+    if 1 / (1 + tolerance) <= factor <= 1 + tolerance:
+        return f"within ±{tolerance:.0%}"
+    return "better than published" if (factor > 1) == (better == "higher") else "worse than published"
 
 
 def _fmt(value: float | None, kind: str, field: str) -> str:
@@ -72,15 +97,15 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
             mine = rows[(rows["hardware"] == hw) & (rows["notebook"] == c.notebook)] if not rows.empty else rows
             profiles = set(mine["profile"]) if not mine.empty else set()
             models = set(mine["model"]) if not mine.empty else set()
-            mval, verdict = None, ""
+            mval, outcome = None, ""
             if mine.empty:
-                verdict = "not measured: no rows"
+                outcome = "not measured: no rows"
             elif "full" not in profiles:
-                verdict = f"not measured: {'/'.join(sorted(profiles))} profile only (tiny models)"
+                outcome = f"not measured: {'/'.join(sorted(profiles))} profile only (tiny models)"
             elif c.model not in models:
-                verdict = f"not measured: needs MODEL={c.model}"
+                outcome = f"not measured: needs MODEL={c.model}"
             elif not _hardware_matches(c.hardware_class, hw):
-                verdict = f"not compared: absolute figure from {c.hardware_class}, measured on {hw}"
+                outcome = f"not compared: published on {c.hardware_class}, measured on {hw}"
             else:
                 full = mine[(mine["profile"] == "full") & (mine["model"] == c.model)]
                 mval = _measured_value(full, c.measured_scenario, c.measured_field)
@@ -88,19 +113,16 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                     base = _measured_value(full, c.measured_base_scenario, c.measured_field)
                     mval = None if not base else (base / mval if c.kind == "speedup" else mval / base)
                 if mval is None:
-                    verdict = "not measured: scenario missing or not ok"
+                    outcome = "not measured: scenario missing or not ok"
             factor = mval / pval if mval is not None else None
             if factor is not None:
-                tol = float(c.tolerance)
-                inside = 1 / (1 + tol) <= factor <= 1 + tol
-                verdict = f"within ±{tol:.0%}" if inside else ("better than published" if (
-                    factor > 1) == (c.kind == "speedup") else "worse than published")
+                outcome = verdict(factor, float(c.tolerance), c.better)
             out.append({
                 "hardware": hw, "comparison": c.id, "notebook": c.notebook, "source": c.published_source,
                 "published": _fmt(pval, c.kind, c.measured_field),
                 "measured": _fmt(mval, c.kind, c.measured_field),
                 "measured / published": None if factor is None else round(factor, 3),
-                "verdict": verdict, "note": c.note,
+                "verdict": outcome, "note": c.note,
             })
     return pd.DataFrame(out)
 
@@ -154,15 +176,21 @@ def markdown(df: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated_by: str) -> str:
-    """The published-vs-measured comparison per hardware, then what was skipped, as markdown."""
+def summary_markdown(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated_by: str,
+                     covered: pd.DataFrame | None = None) -> str:
+    """The published-vs-measured comparison per hardware, what no notebook reproduces, and what was skipped."""
     parts = [f"_Generated by {generated_by} from the result rows under `data/results/`; do not edit by hand._"]
     if table.empty:
         return "\n\n".join(parts + ["No result rows yet: run `make reproduce`."])
     for hw, group in table.groupby("hardware", sort=True):
         measured = int(group["measured / published"].notna().sum())
-        parts.append(f"### {hw}\n\n{measured} of {len(group)} published figures measured here.\n\n"
-                     + markdown(group.drop(columns=["hardware", "note"])))
+        parts.append(f"### {hw}\n\n{measured} of {len(group)} comparisons with published figures measured "
+                     f"here.\n\n" + markdown(group.drop(columns=["hardware", "note"])))
+    if covered is not None and not covered.empty:
+        left = covered[covered["compared in"] == ""]
+        parts.append(f"### Published figures no notebook reproduces\n\n{len(covered) - len(left)} of "
+                     f"{len(covered)} published figures are used by the comparisons above; the others, and why:"
+                     f"\n\n" + markdown(left[["source", "scenario", "published", "not reproduced because"]]))
     if not skipped_rows.empty:
         parts.append("### Skipped measurements\n\n" + markdown(skipped_rows))
     return "\n\n".join(parts)

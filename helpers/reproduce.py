@@ -14,6 +14,12 @@ import torch
 
 from helpers import environment, params, paths, report, results
 
+# Extra runs beyond each notebook's defaults: the SDXL settings that published figures (diffusion-fast) answer.
+VARIANTS: dict[str, list[dict[str, str]]] = {
+    "01_dtype": [{"MODEL": "sdxl"}],
+    "02_attention_sdpa": [{"MODEL": "sdxl"}],
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     """Execute the notebooks in order, keep their executed copies, and print the rows they wrote."""
@@ -35,24 +41,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"reproduce: {len(notebooks)} notebooks, profile {profile}{why}, hardware {hardware}; "
           f"executed copies in {executed.relative_to(paths.ROOT)}", flush=True)
 
+    runs = [(nb, {}) for nb in notebooks]
+    runs += [(nb, v) for nb in notebooks for v in VARIANTS.get(nb.stem, [])]
+    runs.sort(key=lambda r: r[0].name)
     status = {}
-    for nb in notebooks:
-        out = executed / nb.name
+    for nb, variant in runs:
+        label = nb.stem + "".join(f".{v}" for v in variant.values())
+        out = executed / f"{label}.ipynb"
         if out.exists():  # keep the previous executed copy instead of overwriting it
             stamp = datetime.fromtimestamp(out.stat().st_mtime, UTC).strftime("%Y%m%dT%H%M%SZ")
             (executed / "previous").mkdir(exist_ok=True)
-            shutil.move(out, executed / "previous" / f"{nb.stem}.{stamp}.ipynb")
+            shutil.move(out, executed / "previous" / f"{label}.{stamp}.ipynb")
         t0 = time.perf_counter()
-        print(f"\n=== {nb.name} ...", flush=True)
+        print(f"\n=== {label} ...", flush=True)
         try:
             extra = {"UPDATE_README": True} if nb.stem == "11_reproduction_report" else {}
-            papermill.execute_notebook(str(nb), str(out), parameters={"PROFILE": args.profile} | extra,
+            papermill.execute_notebook(str(nb), str(out), parameters={"PROFILE": args.profile} | variant | extra,
                                        kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR),
                                        execution_timeout=args.timeout, progress_bar=False)
-            status[nb.stem] = f"ok ({time.perf_counter() - t0:.0f} s)"
-        except Exception as err:  # keep going: one failing notebook should not hide the others
-            status[nb.stem] = f"FAILED ({type(err).__name__}; see {out.relative_to(paths.ROOT)})"
-        print(f"=== {nb.name}: {status[nb.stem]}", flush=True)
+            status[label] = f"ok ({time.perf_counter() - t0:.0f} s)"
+        except Exception as err:  # noqa: BLE001 (keep going: one failing notebook should not hide the others)
+            status[label] = f"FAILED ({type(err).__name__}; see {out.relative_to(paths.ROOT)})"
+        print(f"=== {label}: {status[label]}", flush=True)
 
     rows = results.read_rows(paths.RESULTS_DIR, hardware=hardware)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500,

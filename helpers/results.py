@@ -116,9 +116,9 @@ class ResultWriter:
         if status != "ok" and not reason:
             raise ValueError(f"a row with status {status!r} needs a reason")
         s = self.run.settings
-        base = dict(
-            steps=s.steps, height=s.height, width=s.width, dtype=self.run.dtype_name, model=self.run.model,
-        )
+        base = {
+            "steps": s.steps, "height": s.height, "width": s.width, "dtype": self.run.dtype_name, "model": self.run.model,
+        }
         known = {f for f in Row.__dataclass_fields__}
         extra = {k: v for k, v in fields.items() if k not in known}
         base.update({k: v for k, v in fields.items() if k in known})
@@ -146,7 +146,8 @@ class ResultWriter:
 
 def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str | None = None,
               latest_run_only: bool = True) -> pd.DataFrame:
-    """All rows under results_dir (optionally one hardware / notebook), by default only each notebook's latest run."""
+    """All rows under results_dir (optionally one hardware / notebook); by default only the latest run of each
+    (hardware, notebook, model, profile), so a later smoke or SDXL run does not hide a full or Flux one."""
     pattern = f"{hardware or '*'}/{notebook or '*'}.jsonl"
     records = []
     for path in sorted(Path(results_dir).glob(pattern)):
@@ -160,7 +161,8 @@ def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str |
     df = pd.DataFrame(records)
     if df.empty or not latest_run_only:
         return df
-    latest = df.groupby(["hardware", "notebook"])["run_id"].transform("max")
+    keys = [k for k in ("hardware", "notebook", "model", "profile") if k in df]
+    latest = df.groupby(keys, dropna=False)["run_id"].transform("max")
     return df[df["run_id"] == latest].reset_index(drop=True)
 
 

@@ -20,7 +20,7 @@ def test_row_schema_and_append(session, tmp_path):
     run, card = session
     w = results.ResultWriter(run, card)
     t = measure.Timing([1.0, 2.0, 3.0], warmup=1, method="perf_counter")
-    m = measure.Memory(2**30, 0, "cpu_rss_sampled")
+    m = measure.Memory(2**30, 0, "cpu_allocated_during_call")
     row = w.record("pipeline eager", timing=t, memory=m, flops_per_step=123)
     lines = (tmp_path / "cpu" / "00_setup_and_baseline.jsonl").read_text().splitlines()
     assert len(lines) == 1
@@ -42,6 +42,13 @@ def test_rerun_appends_and_reader_takes_latest(session, tmp_path):
     assert list(allrows["compile_s"]) == [1.0, 2.0], "the rerun destroyed earlier rows"
     latest = results.read_rows(tmp_path)
     assert list(latest["compile_s"]) == [2.0]
+    # a later run of another model is kept beside the latest run of this one, not instead of it
+    other = results.ResultWriter(params.resolve(run.notebook, PROFILE="smoke", MODEL="sdxl",
+                                                RESULTS_DIR=str(tmp_path)), card)
+    other.run_id = second.run_id + "z"
+    other.record("a", compile_s=3.0)
+    both = results.read_rows(tmp_path)
+    assert sorted(zip(both["model"], both["compile_s"])) == [("flux-dev", 2.0), ("sdxl", 3.0)]
 
 
 def test_status_needs_reason(session):
@@ -64,24 +71,62 @@ def test_damaged_file_is_not_overwritten(tmp_path):
 
 
 def test_report_marks_smoke_as_not_measured_and_compares_full(session):
-    run, card = session
+    _run, _card = session
     rows = pd.DataFrame([
-        dict(hardware="cpu", notebook="03_torch_compile", profile="smoke", model="flux-dev",
-             scenario="pipeline eager", status="ok", latency_median_s=1.0),
+        {"hardware": "cpu", "notebook": "03_torch_compile", "profile": "smoke", "model": "flux-dev",
+             "scenario": "pipeline eager", "status": "ok", "latency_median_s": 1.0},
     ])
     table = report.compare(rows, "03_torch_compile")
     assert (table["measured"] == "—").all() and table["verdict"].str.startswith("not measured").all()
     gpu = pd.DataFrame([
-        dict(hardware="h200", notebook="03_torch_compile", profile="full", model="flux-dev",
-             scenario="pipeline eager", status="ok", latency_median_s=6.0),
-        dict(hardware="h200", notebook="03_torch_compile", profile="full", model="flux-dev",
-             scenario="pipeline compiled (default)", status="ok", latency_median_s=4.0),
+        {"hardware": "h200", "notebook": "03_torch_compile", "profile": "full", "model": "flux-dev",
+             "scenario": "pipeline eager", "status": "ok", "latency_median_s": 6.0},
+        {"hardware": "h200", "notebook": "03_torch_compile", "profile": "full", "model": "flux-dev",
+             "scenario": "pipeline compiled (default)", "status": "ok", "latency_median_s": 4.0},
     ])
     row = report.compare(gpu, "03_torch_compile").set_index("comparison").loc["compile-speedup"]
     assert row["measured"] == "1.50x" and row["published"] == "1.49x" and row["verdict"] == "within ±15%"
-    eager = pd.DataFrame([dict(hardware="h200", notebook="00_setup_and_baseline", profile="full",
-                               model="flux-dev", scenario="pipeline eager", status="ok",
-                               latency_median_s=6.0, peak_memory_bytes=40 * 2**30)])
+    eager = pd.DataFrame([{"hardware": "h200", "notebook": "00_setup_and_baseline", "profile": "full",
+                               "model": "flux-dev", "scenario": "pipeline eager", "status": "ok",
+                               "latency_median_s": 6.0, "peak_memory_bytes": 40 * 2**30}])
     t = report.compare(eager, "00_setup_and_baseline").set_index("comparison")
-    assert t.loc["eager-latency", "verdict"].startswith("not compared: absolute figure from H100")
+    assert t.loc["eager-latency", "verdict"].startswith("not compared: published on H100")
     assert t.loc["eager-peak-memory", "verdict"] == "worse than published"
+
+
+@pytest.mark.parametrize("factor, better, expected", [
+    (1.1, "higher", "within ±25%"), (2.0, "higher", "better than published"), (0.5, "higher", "worse than published"),
+    (2.0, "lower", "worse than published"), (0.5, "lower", "better than published"),
+])
+def test_verdict_reads_the_direction_of_each_comparison(factor, better, expected):
+    assert report.verdict(factor, 0.25, better) == expected
+
+
+def test_a_higher_compile_ratio_is_better():
+    """full/regional cold compile and cold/warm ratios: higher than published is better, not worse."""
+    rows = pd.DataFrame([{"hardware": "h100-80gb", "notebook": "04_regional_compilation", "profile": "full",
+                              "model": "flux-dev", "scenario": sc, "status": "ok", "compile_s": v}
+                         for sc, v in (("full compile (cold cache)", 70.0), ("regional compile (cold cache)", 5.0),
+                                       ("regional compile (warm cache)", 0.5))])
+    t = report.compare(rows, "04_regional_compilation").set_index("comparison")
+    assert t.loc["regional-cold-compile-ratio", "verdict"] == "better than published"  # 14x vs 7.0x
+    assert t.loc["regional-warm-start-ratio", "verdict"] == "better than published"  # 10x vs 4.0x
+    assert t.loc["full-cold-compile-latency", "verdict"] == "within ±50%"
+
+
+def test_every_published_figure_is_compared_or_explained():
+    cov = report.coverage()
+    assert len(cov) == len(report.published_numbers())
+    unexplained = cov[(cov["compared in"] == "") & (cov["not reproduced because"] == "")]
+    assert unexplained.empty, f"published figures neither compared nor explained: {unexplained['scenario'].tolist()}"
+    stale = cov[(cov["compared in"] != "") & (cov["not reproduced because"] != "")]
+    assert stale.empty, f"not-covered.csv lists figures that a comparison uses: {stale['scenario'].tolist()}"
+    listed = pd.read_csv(report.paths.REFERENCE_DIR / "not-covered.csv")
+    assert len(listed) == (cov["not reproduced because"] != "").sum(), "not-covered.csv names a figure that is not published"
+
+
+def test_comparisons_name_their_direction():
+    comps = report.comparisons()
+    assert set(comps["better"]) <= {"higher", "lower"}
+    assert (comps.loc[comps["kind"] == "speedup", "better"] == "higher").all()
+    assert (comps.loc[comps["kind"] == "absolute", "better"] == "lower").all()
