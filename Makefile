@@ -30,10 +30,12 @@ reproduce: venv
 	$(PY) -m helpers.reproduce
 
 ## make lab: JupyterLab on the notebooks, with the project's kernel (python3, registered in .venv by venv);
-## `-m jupyterlab` so it is .venv's JupyterLab, not a jupyter-lab found first on PATH; as root, --allow-root
+## `-m jupyterlab` so it is .venv's JupyterLab, not a jupyter-lab found first on PATH; as root, --allow-root.
+## LAB_ARGS passes more options (the browser test starts it this way: `make lab PORT=... LAB_ARGS=--no-browser`)
+LAB_ARGS ?=
 lab: venv
 	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyterlab --notebook-dir=notebooks --port=$(PORT) \
-		$(if $(filter 0,$(shell id -u)),--allow-root)
+		$(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 ## make browser-deps: Chromium for the browser test (Debian's package, not Playwright's download);
 ## installs only when none is found, and only as root with apt-get; otherwise says so, and the test skips

@@ -100,9 +100,12 @@ class LabServer:
     kernel that `make venv` registers in .venv).
     """
 
-    def __init__(self, root_dir: Path, state_dir: Path, *, startup_timeout_s: float = 90) -> None:
-        """Prepare (not start) a server whose file browser shows root_dir."""
+    def __init__(self, root_dir: Path, state_dir: Path, *, startup_timeout_s: float = 90,
+                 make_target: str = "") -> None:
+        """Prepare (not start) a server whose file browser shows root_dir; make_target='lab' starts it with
+        `make lab` (the learner's command, which opens notebooks/) instead of calling JupyterLab directly."""
         self.root_dir, self.state_dir = Path(root_dir), Path(state_dir)
+        self.make_target = make_target
         self.startup_timeout_s = startup_timeout_s
         self.token = secrets.token_hex(16)
         self.port = 0
@@ -122,7 +125,8 @@ class LabServer:
         """Call the server's REST API with the token and return the decoded JSON (None when empty)."""
         req = urllib.request.Request(self.base_url + path, method=method,
                                      headers={"Authorization": f"token {self.token}"})
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
+        with opener.open(req, timeout=timeout) as resp:
             body = resp.read()
         return json.loads(body) if body.strip() else None
 
@@ -151,14 +155,20 @@ class LabServer:
         env = self._env()
         for _attempt in range(3):
             self.port = free_port()
-            cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-                   f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-                   f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root_dir}",
-                   "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
-            if os.geteuid() == 0:
-                cmd.append("--allow-root")  # CI containers run as root
+            common = ["--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
+                      f"--IdentityProvider.token={self.token}",
+                      "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+            if self.make_target:  # `make lab` sets the kernel environment, the folder and --allow-root itself
+                cmd = ["make", "--no-print-directory", self.make_target, f"PORT={self.port}",
+                       "LAB_ARGS=" + " ".join(common)]
+                cwd = Path(__file__).resolve().parent.parent
+            else:
+                cmd = [sys.executable, "-m", "jupyterlab", f"--ServerApp.port={self.port}",
+                       f"--ServerApp.root_dir={self.root_dir}", *common]
+                cmd += ["--allow-root"] if os.geteuid() == 0 else []  # CI containers run as root
+                cwd = self.root_dir
             with open(self.log_path, "ab") as log:
-                self.proc = subprocess.Popen(cmd, cwd=self.root_dir, env=env, stdout=log,
+                self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log,
                                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                              start_new_session=True)
             deadline = time.monotonic() + self.startup_timeout_s
@@ -277,10 +287,12 @@ class LabRun:
         return [(by_index.get(i), o) for i, cell in enumerate(self.saved.get("cells", []))
                 for o in cell.get("outputs", []) if o.get("output_type") == "error"]
 
-    def progress_bar(self) -> tuple[str, str]:
-        """('widget' | 'text' | '', where): how the progress bar of a loop rendered, widget preferred."""
+    def progress_bar(self, section: str | None = None) -> tuple[str, str]:
+        """('widget' | 'text' | '', where): how a loop's progress bar rendered (in section, if given), widget first."""
         text_hit = ""
         for c in self.code_cells():
+            if section is not None and c.section != section:
+                continue
             for o in c.outputs:
                 if o.progress:
                     return "widget", c.describe()

@@ -29,6 +29,7 @@ NOTEBOOK_00 = paths.NOTEBOOKS_DIR / "00_setup_and_baseline.ipynb"
 ARTIFACTS = paths.ROOT / "build" / "test-artifacts"
 PUBLISHED_SCREENSHOT = paths.FIGURES_DIR / "jupyterlab_notebook00.png"
 RUN_TIMEOUT_S = 420  # the smoke profile takes about a minute on 2 CPU cores
+DENOISING_SECTION = "2. The eager baseline, end to end"  # where notebook 00 runs the pipeline with its bar
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +93,14 @@ def test_notebook00_runs_clean_in_jupyterlab(browser, lab, tmp_path):
     assert not found, (f"{notebook.name} in JupyterLab: " + "\n- ".join(["", *found])
                        + f"\n(screenshot: {shot}, page dump: {shot.with_suffix('.json')})")
 
-    kind, where = run.progress_bar()
-    assert kind == "widget", (f"the denoising loop's progress bar rendered only as text ({where}), not as an "
-                              "ipywidgets bar: is ipywidgets / jupyterlab_widgets installed in .venv?")
+    kind, where = run.progress_bar(DENOISING_SECTION)
+    assert kind == "widget", (f"the denoising loop's progress bar in '## {DENOISING_SECTION}' rendered as "
+                              f"{kind or 'nothing'} ({where}), not as an ipywidgets bar: is ipywidgets / "
+                              "jupyterlab_widgets installed in .venv?")
+    bars = [o.text for o in run.section_outputs(DENOISING_SECTION) if o.progress]
+    assert any("2/2" in t for t in bars), f"the bar should count the smoke profile's 2 steps: {bars}"
+    rows = [json.loads(line) for f in (tmp_path / "results").glob("*/*.jsonl") for line in f.read_text().splitlines()]
+    assert rows and {r["profile"] for r in rows} == {"smoke"}, "the typed PROFILE = \"smoke\" did not take effect"
     assert run.kernel_name == "Python 3 (fast-diffusion)", f"notebook ran on kernel {run.kernel_name!r}"
     assert list((tmp_path / "results").glob(f"*/{notebook.stem}.jsonl")), (
         "no result rows in the temporary RESULTS_DIR: the parameters typed into the cell did not take effect")
@@ -103,33 +109,42 @@ def test_notebook00_runs_clean_in_jupyterlab(browser, lab, tmp_path):
         shutil.copy(shot, PUBLISHED_SCREENSHOT)
 
 
-def planted_notebook(path: Path) -> Path:
-    """A tiny notebook in the collection's shape whose second code cell raises."""
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (fast-diffusion)", "language": "python",
-                                 "name": "python3"}
-    params = nbformat.v4.new_code_cell('PROFILE = "auto"\nRESULTS_DIR = ""\nFIGURES_DIR = ""')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [
-        nbformat.v4.new_markdown_cell("# Planted\n\n## Parameters"), params,
-        nbformat.v4.new_markdown_cell("## 1. Work"),
-        nbformat.v4.new_code_cell("print('before the plant', PROFILE)"),
-        nbformat.v4.new_code_cell('raise RuntimeError("planted")'),
-        nbformat.v4.new_markdown_cell("## Results"),
-        nbformat.v4.new_code_cell("import pandas as pd\npd.DataFrame({'latency (s)': [1.0]})"),
-    ]
+def planted_copy_of_00(path: Path) -> Path:
+    """A temporary copy of notebook 00 with one cell planted right after its setup cell that raises."""
+    nb = nbformat.read(NOTEBOOK_00, as_version=4)
+    setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "session.start(" in c.source)
+    nb.cells.insert(setup + 1, nbformat.v4.new_code_cell('raise RuntimeError("planted")'))
     nbformat.write(nb, path)
     return path
 
 
 def test_checker_reports_a_planted_error(browser, lab, tmp_path):
-    """Negative control: the same driving and checks, on a notebook that raises, must report the error."""
-    nb = planted_notebook(tmp_path / "planted_error.ipynb")
-    run, found = check_notebook_in_lab(browser, lab, nb, tmp_path, screenshot=ARTIFACTS / "planted_error.png",
-                                       need_plot=False, need_progress=False)
+    """Negative control: the same driving and checks, on a copy of 00 that raises, must report the error."""
+    nb = planted_copy_of_00(tmp_path / "planted_error.ipynb")
+    run, found = check_notebook_in_lab(browser, lab, nb, tmp_path, screenshot=ARTIFACTS / "planted_error.png")
     errors = [f for f in found if f.startswith("error output in")]
     assert len(errors) == 1 and "RuntimeError" in errors[0] and "planted" in errors[0], found
     assert "'raise RuntimeError(\"planted\")'" in errors[0], errors[0]
     assert any("did not run" in f for f in found), f"the cells after the error should stay unrun: {found}"
-    assert any("no HTML table" in f for f in found), found
-    assert run.code_cells()[1].prompt == "[2]:", "the cells before the error ran"
+    assert any("no HTML table" in f for f in found) and any("no plot" in f for f in found), found
+    code = run.code_cells()
+    assert code[0].prompt == "[1]:" and code[1].prompt == "[2]:", "the cells before the plant ran"
+    assert not run.progress_bar()[0], "Run All should have stopped at the plant, before the pipeline ran"
+
+
+def test_make_lab_serves_the_notebooks_in_order_with_the_project_kernel(tmp_path):
+    """`make lab`, the learner's command (LAB_ARGS only adds --no-browser, loopback and a token): its file
+    browser is notebooks/, listing 00..NN in order, and the default kernel is the project's python3."""
+    server = lab_driver.LabServer(paths.NOTEBOOKS_DIR, tmp_path / "state", make_target="lab")
+    try:
+        server.start()
+        listing = [f["name"] for f in server.api("api/contents")["content"] if f["type"] == "notebook"]
+        expected = sorted(p.name for p in paths.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+        assert sorted(listing) == expected and len(expected) >= 12, listing
+        specs = server.api("api/kernelspecs")
+        assert specs["default"] == "python3", specs["default"]
+        spec = specs["kernelspecs"]["python3"]["spec"]
+        assert spec["display_name"] == "Python 3 (fast-diffusion)", spec["display_name"]
+        assert Path(spec["argv"][0]).parent == (paths.ROOT / ".venv" / "bin"), spec["argv"][0]
+    finally:
+        server.stop()

@@ -47,5 +47,16 @@ def test_notebook_hygiene(path):
     assert not missing, f"template sections missing: {missing}"
     setup = "".join(code[1]["source"])
     assert f'session.start("{path.stem}"' in setup, "the setup cell starts the session under the file's own name"
-    measuring = re.compile(r"time\.perf_counter|cuda\.Event|max_memory_allocated|FlopCounterMode")
+    measuring = re.compile(r"time\.perf_counter|time\.time\(|time\.monotonic|cuda\.Event|cuda\.synchronize|"
+                           r"memory_allocated|FlopCounterMode|torch\.profiler|psutil")
     assert not any(measuring.search("".join(c["source"])) for c in code), "measuring code belongs in helpers/"
+
+
+def test_readme_starts_with_the_two_commands_and_shows_the_lab_screenshot():
+    readme = (paths.ROOT / "README.md").read_text()
+    first_block = readme.split("```")[1].splitlines()
+    commands = [ln.split("#")[0].strip() for ln in first_block[1:] if ln.strip()]
+    assert commands == ["make test", "make reproduce"], commands
+    assert "figures/jupyterlab_notebook00.png" in readme.split("## ")[0], "the screenshot sits by the quickstart"
+    assert (paths.FIGURES_DIR / "jupyterlab_notebook00.png").stat().st_size > 10_000
+    assert "make test" in (paths.ROOT / ".ci" / "run").read_text(), ".ci/run must call the README's test command"

@@ -14,7 +14,7 @@ def test_baseline_rows(tmp_path):
     base = nb.row("pipeline eager")
     assert base["status"] == "ok" and base["profile"] == "smoke" and base["hardware"] == "cpu"
     assert base["latency_median_s"] > 0 and len(base["latency_samples_s"]) == 3
-    assert base["peak_memory_bytes"] > 0 and base["memory_kind"] == "cpu_rss_sampled"
+    assert base["peak_memory_bytes"] > 0 and base["memory_kind"] == "cpu_allocated_during_call"
     parts = {s: nb.row(s) for s in ("text encoders", "denoiser step", "vae decode")}
     assert all(p["latency_median_s"] > 0 for p in parts.values())
     assert parts["denoiser step"]["extra"]["calls_per_image"] == base["steps"] == 2

@@ -21,13 +21,15 @@ def test_attention_rows(tmp_path):
             assert step["status"] == only["status"] == "ok", (impl, res)
             assert step["height"] == step["width"] == res
             assert step["latency_median_s"] > 0 and only["latency_median_s"] > 0
-            assert len(step["latency_samples_s"]) == 3 and step["memory_kind"] == "cpu_rss_sampled"
+            assert len(step["latency_samples_s"]) == 3 and step["memory_kind"] == "cpu_allocated_during_call"
             agree = step["extra"]["rel_l2_vs_math"]
             assert step["extra"]["finite"] and 0 <= agree <= TOL_BF16, (impl, res, agree)
             if impl == "sdpa-math":
                 assert agree == 0
             else:
                 assert agree > 0, "bf16 kernels that differ from math should not agree bitwise"
+            # the naive processor really ran, once per attention call of the step, and only for "naive"
+            assert step["extra"]["naive_calls"] == (step["extra"]["attention_calls"] if impl == "naive" else 0)
         for impl in ("sdpa-efficient", "sdpa-cudnn"):  # CUDA-only kernels
             for what in ("step", "attention only"):
                 row = nb.row(f"{what} {impl} @{res}")
@@ -39,6 +41,13 @@ def test_attention_rows(tmp_path):
         b, h, n, _ = geo[res]["largest_call"]
         assert geo[res]["score_matrix_bytes"] == b * h * n * n * 2  # bf16
     assert geo[512]["score_matrix_bytes"] / geo[128]["score_matrix_bytes"] == (geo[512]["tokens"] / geo[128]["tokens"]) ** 2
+    # measured memory of the attention alone: naive holds a whole score matrix and grows faster than the tokens;
+    # flash needs less (on a CPU: bytes allocated during the call, from the profiler)
+    extra = {(impl, res): nb.row(f"attention only {impl} @{res}")["extra"]["extra_bytes"]
+             for impl in ("naive", "sdpa-flash") for res in RES}
+    assert extra[("naive", 512)] >= geo[512]["score_matrix_bytes"]
+    assert extra[("naive", 512)] / extra[("naive", 128)] > geo[512]["tokens"] / geo[128]["tokens"]
+    assert extra[("sdpa-flash", 512)] < extra[("naive", 512)]
     for name in ("naive", "sdpa"):
         row = nb.row(f"pipeline {name}")
         assert row["status"] == "ok" and row["latency_median_s"] > 0 and row["peak_memory_bytes"] > 0

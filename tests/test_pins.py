@@ -22,3 +22,10 @@ def test_every_requirement_is_pinned_exactly():
         line = line.split("#")[0].strip()
         if line:
             assert re.fullmatch(r"[A-Za-z0-9_.-]+==[\w.]+", line), f"not an exact pin: {line}"
+
+
+def test_environment_yml_has_no_unpinned_package():
+    lines = [ln.strip()[2:].strip() for ln in (paths.ROOT / "environment.yml").read_text().splitlines()
+             if ln.strip().startswith("- ") and ln.startswith("      ")]  # the pip: entries
+    loose = [ln for ln in lines if "==" not in ln and ln != "-e ."]
+    assert lines and not loose, f"environment.yml installs unpinned packages: {loose}"
