@@ -1,4 +1,5 @@
-"""LoRA adapters for hot-swapping: make seeded random ones in diffusers' format, check a file before a swap.
+"""LoRA adapters for hot-swapping: make seeded random ones in diffusers' format, check a file before a swap,
+load one the ordinary way for a reference output.
 
 Adapters are written with the pipeline class's own `save_lora_weights` (a `pytorch_lora_weights.safetensors`
 file plus the peft `LoraConfig` as metadata), in the key layout peft's `get_peft_model_state_dict` produces:
@@ -7,11 +8,14 @@ file plus the peft `LoraConfig` as metadata), in the key layout peft's `get_peft
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import safetensors
 import safetensors.torch
 import torch
 from peft import LoraConfig
@@ -20,6 +24,17 @@ from peft import LoraConfig
 ATTENTION_PROJECTIONS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
 WEIGHT_FILE = "pytorch_lora_weights.safetensors"
 _KEY = re.compile(r"^(?:transformer\.)?(?P<layer>.+)\.lora_(?P<ab>[AB])\.(?:[\w-]+\.)?weight$")
+
+
+class _DropTextEncoderNotice(logging.Filter):
+    """Drop diffusers' notice that an adapter has no keys for the CLIP text encoder (ours target the transformer)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for the 'No LoRA keys associated to CLIPTextModel' notice, True for everything else."""
+        return not str(record.msg).startswith("No LoRA keys associated to CLIPTextModel")
+
+
+logging.getLogger("diffusers.loaders.lora_base").addFilter(_DropTextEncoderNotice())
 
 
 def target_layers(module: torch.nn.Module, suffixes: Iterable[str] = ATTENTION_PROJECTIONS) -> list[str]:
@@ -73,23 +88,35 @@ def make_adapter(pipe: Any, folder: Path, rank: int, *, seed: int, layers: Itera
     return save_adapter(type(pipe), folder, sd, rank)
 
 
-def layer_ranks(state_dict: dict[str, torch.Tensor]) -> dict[str, int]:
-    """Layer name -> LoRA rank for a state dict in peft/diffusers layout (prefix 'transformer.' optional)."""
+def layer_ranks(state_dict: Mapping[str, torch.Tensor | Sequence[int]]) -> dict[str, int]:
+    """Layer name -> LoRA rank for tensors (or their shapes) in peft/diffusers layout ('transformer.' optional)."""
     ranks: dict[str, int] = {}
     for key, value in state_dict.items():
         m = _KEY.match(key)
         if m and m["ab"] == "A":
-            ranks[m["layer"]] = int(value.shape[0])
+            shape = value.shape if isinstance(value, torch.Tensor) else value
+            ranks[m["layer"]] = int(shape[0])
     return ranks
 
 
-def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
-    """The tensors of an adapter folder (or a .safetensors file) written by save_lora_weights."""
+def _weight_file(folder: Path) -> Path:
+    """The safetensors file of an adapter folder (or the file itself); FileNotFoundError if there is none."""
     path = Path(folder)
     path = path / WEIGHT_FILE if path.is_dir() else path
     if not path.is_file():
         raise FileNotFoundError(f"no LoRA weights at {path}")
-    return safetensors.torch.load_file(str(path))
+    return path
+
+
+def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of an adapter folder (or a .safetensors file) written by save_lora_weights."""
+    return safetensors.torch.load_file(str(_weight_file(folder)))
+
+
+def adapter_shapes(folder: Path) -> dict[str, list[int]]:
+    """Key -> shape of every tensor of an adapter, read from the safetensors header only (no tensor is loaded)."""
+    with safetensors.safe_open(str(_weight_file(folder)), framework="pt") as f:
+        return {key: list(f.get_slice(key).get_shape()) for key in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
 
 
 def loaded_layers(module: torch.nn.Module, adapter_name: str) -> list[str]:
@@ -99,9 +126,11 @@ def loaded_layers(module: torch.nn.Module, adapter_name: str) -> list[str]:
 
 
 def check_hotswap(folder: Path, module: torch.nn.Module, adapter_name: str, target_rank: int) -> dict[str, int]:
-    """Raise ValueError (naming the file, the layer and the limit) unless folder can be hot-swapped into adapter_name."""
+    """Raise ValueError (naming the file, the layer and the limit) unless folder can be hot-swapped into adapter_name.
+
+    Reads only the file's header (names and shapes), so it costs a small fraction of the swap it guards."""
     path = Path(folder)
-    ranks = layer_ranks(read_adapter(path))
+    ranks = layer_ranks(adapter_shapes(path))
     if not ranks:
         raise ValueError(f"{path}: no LoRA layers (keys '<layer>.lora_A.weight') found")
     allowed = set(loaded_layers(module, adapter_name))
@@ -129,7 +158,15 @@ def hotswap(pipe: Any, folder: Path, adapter_name: str, target_rank: int) -> Non
     pipe.load_lora_weights(str(folder), adapter_name=adapter_name, hotswap=True)
 
 
-def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|, computed in fp32: a scale-free distance between two outputs."""
-    a, b = a.detach().float(), b.detach().float()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+@contextlib.contextmanager
+def ordinary_load(pipe: Any, folder: Path, adapter_name: str) -> Iterator[None]:
+    """Inside the block, the adapter is loaded the ordinary way (no hot-swap); on exit every LoRA is unloaded.
+
+    For a reference output per adapter that shares nothing with the hot-swap path; one adapter at a time keeps
+    memory bounded. Use it before `enable_lora_hotswap` and before compiling: unloading restores the base layers.
+    """
+    pipe.load_lora_weights(str(folder), adapter_name=adapter_name)
+    try:
+        yield
+    finally:
+        pipe.unload_lora_weights()

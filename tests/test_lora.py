@@ -1,10 +1,11 @@
-"""helpers.lora: adapters in diffusers' format, the pre-swap check, and the library behaviour that motivates it."""
+"""helpers.lora: adapters in diffusers' format, the pre-swap check, the ordinary-load reference, and the library
+behaviour that motivates the check."""
 
 import pytest
 import torch
 from peft.utils import get_peft_model_state_dict
 
-from helpers import lora, pipelines
+from helpers import compile_tools, lora, pipelines, workloads
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,43 @@ def test_library_alone_accepts_a_too_large_rank_and_drops_the_adapter_on_an_unkn
     assert lora.loaded_layers(pipe.transformer, "style") == [], "the loaded adapter survived the failed swap"
 
 
-def test_relative_difference():
-    b = torch.tensor([1.0, -2.0])
-    assert lora.relative_difference(b, b) == 0.0
-    assert lora.relative_difference(torch.tensor([1.0, -1.0]), b) == pytest.approx(0.5)
+def test_header_shapes_match_the_tensors(files):
+    made, _ = files
+    tensors = lora.read_adapter(made[8])
+    assert lora.adapter_shapes(made[8]) == {k: list(v.shape) for k, v in tensors.items()}
+    assert lora.layer_ranks(lora.adapter_shapes(made[8])) == lora.layer_ranks(tensors)
+
+
+def _inputs(pipe):
+    return pipelines.denoiser_inputs(pipe, height=64, width=64, max_sequence_length=16, guidance=3.5, seed=0)
+
+
+def test_ordinary_load_restores_the_base_model_and_tells_adapters_apart(files):
+    """The notebook's reference: hot-swapped == ordinary load of the same file, != ordinary load of another."""
+    made, layers = files
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32)
+    call = workloads.denoiser_call(pipe, _inputs(pipe))
+    base = workloads.first_output(call()).clone()
+    fresh = {}
+    for rank in (4, 8):
+        with lora.ordinary_load(pipe, made[rank], f"fresh{rank}"):
+            assert sorted(lora.loaded_layers(pipe.transformer, f"fresh{rank}")) == sorted(layers)
+            fresh[rank] = workloads.first_output(call()).clone()
+    assert lora.loaded_layers(pipe.transformer, "fresh8") == [] and not getattr(pipe.transformer, "peft_config", {})
+    assert torch.equal(workloads.first_output(call()), base), "unloading did not restore the base model"
+    pipe.enable_lora_hotswap(target_rank=8)  # allowed: no adapter is loaded any more
+    pipe.load_lora_weights(str(made[4]), adapter_name="style")
+    lora.hotswap(pipe, made[8], "style", 8)
+    swapped = workloads.first_output(call())
+    tol = compile_tools.PARITY_TOLERANCE["fp32"]
+    assert compile_tools.relative_error(swapped, fresh[8]) <= tol
+    assert compile_tools.relative_error(swapped, fresh[4]) > 10 * tol, "the reference cannot tell adapters apart"
+    assert compile_tools.relative_error(swapped, base) > 10 * tol
+
+
+def test_ordinary_load_unloads_even_when_the_block_fails(files):
+    made, _ = files
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="boom"), lora.ordinary_load(pipe, made[4], "x"):
+        raise RuntimeError("boom")
+    assert lora.loaded_layers(pipe.transformer, "x") == []
