@@ -1,7 +1,9 @@
 """Unit tests of helpers.graph_breaks and helpers.syncs on tiny modules (CPU, seconds)."""
 
 import io
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from diffusers import FluxTransformer2DModel
@@ -78,9 +80,10 @@ def test_count_syncs_sees_item_and_nonzero_with_their_source():
         return idx[0].item() + float(x.sum())
 
     counts, out = syncs.count_syncs(fn, torch.device("cpu"))
-    assert out == 4.0
+    assert out == 4.0 and counts.modeled
     assert counts.scalar_reads == 2 and counts.nonzero_calls == 1 and counts.host_reads == 3
-    assert counts.device_syncs == 0 and counts.dtoh_memcpy is None and counts.cuda_sync_warnings is None
+    assert counts.device_syncs == 0 and counts.gpu_syncs == 0 and counts.copies == []
+    assert counts.dtoh_memcpy is None and counts.htod_memcpy is None and counts.cuda_sync_warnings is None
     assert counts.reads_from("test_graph_breaks_syncs.py") == 3
     assert counts.reads_from("test_graph_breaks_syncs.py", device_only=True) == 0
     assert {r.op for r in counts.reads} == {"nonzero", "item", "float"}
@@ -96,7 +99,7 @@ def test_stand_ins_mark_reads_of_values_computed_from_them():
 
     counts, out = syncs.count_syncs(fn, torch.device("cpu"))
     assert out == 11.0 and counts.host_reads == 3
-    assert counts.device_reads == 2 and counts.device_syncs == 0  # marked, but a CPU has nothing to wait for
+    assert counts.device_reads == 2 and counts.gpu_syncs == 2 and counts.device_syncs == 0  # a CPU never waits
     assert [r.device_placed for r in counts.reads] == [True, False, True]
     assert any(k.startswith("item of a device-placed tensor") for k in counts.by_source())
     # outside count_syncs marking does nothing, and a later count starts clean
@@ -105,28 +108,130 @@ def test_stand_ins_mark_reads_of_values_computed_from_them():
     assert again.host_reads == 1 and again.device_reads == 0
 
 
+def test_modeled_copies_move_values_between_host_and_stand_in_device():
+    a = torch.tensor([1.0, 2.0, 3.0])
+
+    def fn():
+        syncs.stand_in_for_device(a)
+        dev = a.device
+        assert dev == syncs.STAND_IN_DEVICE and torch.ones(1).device == torch.device("cpu")
+        with syncs.phase("setup"):
+            b = torch.ones(3).to(dev)                       # host to device: a blocking copy
+            z = torch.zeros(1, device=dev)                  # made on the device: no copy
+        same = a.to(torch.float64) + a.to(dev) + b + z      # dtype change / already there: no copy
+        host = same.cpu()                                   # device to host: a blocking copy
+        ahead = torch.ones(3).to(dev, non_blocking=True)    # a copy the host does not wait for
+        a.copy_(torch.full((3,), 2.0))                      # host into device memory: a blocking copy
+        fresh = torch.tensor([4.0], device=dev)             # from Python data to the device: a blocking copy
+        return host.sum().item() + (same + ahead).sum().item() + fresh.item()
+
+    counts, out = syncs.count_syncs(fn, torch.device("cpu"), warmup=False)
+    assert out == pytest.approx((3 + 5 + 7) + (4 + 6 + 8) + 4)
+    kinds = [(c.direction, c.blocking, c.phase) for c in counts.copies]
+    assert kinds == [("host to device", True, "setup"), ("device to host", True, "call"),
+                     ("host to device", False, "call"), ("host to device", True, "call"),
+                     ("host to device", True, "call")], kinds
+    assert counts.blocking_copies == 4 and counts.syncs_in("setup") == 1
+    assert [r.device_placed for r in counts.reads] == [False, True, True]  # host.sum() is a host read
+    assert counts.gpu_syncs == 4 + 2 and counts.device_syncs == 0
+    assert counts.syncs_from("test_graph_breaks_syncs.py") == 6
+    assert torch.equal(a, torch.full((3,), 2.0))
+
+
+def test_recorder_on_a_real_second_device_sees_copies():
+    # the CUDA code path (real devices, no stand-ins), exercised with the meta device as the "accelerator"
+    recorder = syncs._Recorder(modeled=False)
+    with recorder:
+        torch.ones(2).to("meta")
+        torch.tensor([1.0, 2.0], device="meta")
+        torch.empty(2, device="meta").copy_(torch.ones(2))
+        torch.ones(2).to("meta", non_blocking=True)
+        torch.zeros(2, device="meta") + torch.ones(2, device="meta")  # made there: no copy
+        torch.ones(2).to(torch.float64)  # dtype only: no copy
+    assert [(c.direction, c.blocking) for c in recorder.copies] == [("host to device", True)] * 3 + [
+        ("host to device", False)]
+    assert recorder.placed(torch.ones(1, device="meta")) and not recorder.placed(torch.ones(1))
+
+
+def test_count_syncs_warms_up_once_outside_the_count():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return torch.ones(1).item()
+
+    counts, _ = syncs.count_syncs(fn, torch.device("cpu"))
+    assert len(calls) == 2 and counts.host_reads == 1
+    syncs.count_syncs(fn, torch.device("cpu"), warmup=False)
+    assert len(calls) == 3
+
+
 def test_count_syncs_of_a_read_free_function_is_zero():
     counts, _ = syncs.count_syncs(lambda: torch.ones(3) * 2, torch.device("cpu"))
-    assert counts.host_reads == 0 and counts.reads == []
+    assert counts.host_reads == 0 and counts.reads == [] and counts.copies == []
 
 
 def test_set_schedule_and_begin_index():
     from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
     sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
     with pytest.raises(ValueError, match="placement"):
         syncs.set_schedule(sched, 2, "gpu", False, 64, torch.device("cpu"))
+    with pytest.raises(ValueError, match="host_timesteps"):
+        syncs.set_schedule(sched, 2, "device", False, 64, torch.device("cpu"), host_timesteps=True)
     syncs.set_schedule(sched, 3, "cpu", True, 64, torch.device("cpu"))
     assert sched.begin_index == 0 and len(sched.timesteps) == 3 and sched.sigmas.device.type == "cpu"
+    mine = sched.timesteps.clone()
     syncs.set_schedule(sched, 3, "device", False, 64, torch.device("cpu"))
-    assert sched.begin_index is None
+    assert sched.begin_index is None and torch.equal(sched.timesteps, mine)
+    ref = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)  # FluxPipeline's own schedule
+    c = ref.config
+    mu = calculate_shift(64, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
+    timesteps, _ = retrieve_timesteps(ref, 3, "cpu", sigmas=np.linspace(1.0, 1 / 3, 3), mu=mu)
+    assert torch.equal(timesteps, mine)
 
 
-def test_euler_step_loop_reads_sigma_twice_per_step():
+def _tiny_pipe():
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    model, inputs = _tiny_flux()
+    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16, max_image_seq_len=64)
+    return SimpleNamespace(transformer=model, scheduler=sched), inputs
+
+
+def test_flux_loop_syncs_by_placement_and_begin_index():
+    pipe, inputs = _tiny_pipe()
+    steps = 3
+    got = {}
+    for placement in syncs.PLACEMENTS:
+        for begin in (False, True):
+            c, out = syncs.count_syncs(syncs.denoising_loop(pipe, inputs, steps, placement, begin), torch.device("cpu"))
+            got[(placement, begin)] = c
+            assert out.shape == inputs["hidden_states"].shape
+            assert c.syncs_in("setup") == c.blocking_copies == 1, c.by_source()
+            assert c.syncs_in("steps") == (0 if begin else 2) == c.syncs_from("(index_for_timestep)"), c.by_source()
+            assert c.host_reads == c.device_reads  # every read the profiler saw, the recorder placed
+    assert got[("device", False)].gpu_syncs == got[("cpu", False)].gpu_syncs == 3
+    assert got[("device", True)].gpu_syncs == got[("cpu", True)].gpu_syncs == 1
+    # the mistake the placement 'cpu' used to make: timesteps on the host, so every step copies its timestep
+    c, _ = syncs.count_syncs(syncs.denoising_loop(pipe, inputs, steps, "cpu", True, host_timesteps=True),
+                             torch.device("cpu"))
+    assert c.syncs_in("setup") == 0 and c.syncs_in("steps") == c.blocking_copies == steps, c.by_source()
+    assert all(x.direction == "host to device" and "(call)" in x.source for x in c.copies)
+
+
+def test_euler_step_loop_sigma_reads_by_placement():
     from helpers import pipelines
 
-    fn = syncs.euler_step_loop(str(pipelines.config_dir("sdxl", "smoke") / "scheduler"), 3, "cpu",
-                               torch.device("cpu"))
-    counts, out = syncs.count_syncs(fn, torch.device("cpu"))
-    assert counts.scalar_reads == 6 and counts.reads_from("scheduling_euler_discrete") == 6
+    folder = str(pipelines.config_dir("sdxl", "smoke") / "scheduler")
+    with pytest.raises(ValueError, match="placement"):
+        syncs.euler_step_loop(folder, 3, "gpu", torch.device("cpu"))
+    cpu, out = syncs.count_syncs(syncs.euler_step_loop(folder, 3, "cpu", torch.device("cpu")), torch.device("cpu"))
+    dev, _ = syncs.count_syncs(syncs.euler_step_loop(folder, 3, "device", torch.device("cpu")), torch.device("cpu"))
     assert out.shape == (1, 4, 16, 16)
+    for c in (cpu, dev):
+        assert c.scalar_reads == 6 and c.reads_from("scheduling_euler_discrete") == 6
+    assert cpu.syncs_in("steps") == 0 and dev.syncs_in("steps") == 6 == dev.syncs_from("(step)")
+    assert cpu.syncs_in("setup") == 3 and dev.syncs_in("setup") == 4  # set_timesteps: 2 copies in, 1 back
+    assert cpu.gpu_syncs < dev.gpu_syncs

@@ -1,4 +1,5 @@
-"""Notebook 07 on the smoke profile: host reads per step by placement and begin index; CUDA parts skipped."""
+"""Notebook 07 on the smoke profile: syncs per loop by placement and begin index (modeled on a CPU); CUDA parts
+skipped; bad knobs fail in the setup cell before anything is written."""
 
 import pytest
 
@@ -15,29 +16,52 @@ def test_scheduler_sync_rows(tmp_path):
     assert steps == 2
     rows = {(p, b): nb.row(f"syncs: sigmas on {p}, begin_index {b}")["extra"] for p, b in SETTINGS}
     for (p, b), extra in rows.items():
-        assert extra["placement"] == p and extra["syncs_per_step"] == 0  # a CPU run has no device to sync with
-        assert extra["dtoh_memcpy_per_step"] is None and extra["sync_warnings_per_step"] is None
+        assert extra["placement"] == p and extra["syncs_counted"].startswith("modeled")
+        assert extra["real_syncs"] == 0  # a CPU run has no device to wait for
+        assert extra["sync_warnings"] is None and extra["htod_memcpy"] is None and extra["dtoh_memcpy"] is None
+        # one blocking copy per loop while setting the schedule, whatever the placement
+        assert extra["setup_syncs"] == 1 and extra["blocking_copies"] == 1
         if b == "set":
-            assert extra["scheduler_reads"] == 0 and extra["nonzero_per_step"] == 0
-            assert extra["device_reads_per_step"] == 0
-        else:
-            assert extra["scheduler_reads"] == 2 and extra["nonzero_per_step"] == 1 / steps
-            assert extra["item_calls_per_step"] >= 1 / steps
-            assert any("index_for_timestep" in k for k in extra["reads_by_source"])
-            assert extra["scheduler_device_reads"] == (2 if p == "device" else 0)
-    for b in ("unset", "set"):  # the same code runs for both placements: the same host reads
-        assert rows[("device", b)]["host_reads_per_step"] == rows[("cpu", b)]["host_reads_per_step"]
-    assert rows[("device", "unset")]["host_reads_per_step"] >= rows[("device", "set")]["host_reads_per_step"] + 1
-    # the claim: fewer syncs (reads of device-placed tensors) with the sigmas on the CPU
-    assert rows[("cpu", "unset")]["device_reads_per_step"] < rows[("device", "unset")]["device_reads_per_step"]
+            assert extra["step_syncs"] == 0 and extra["nonzero_per_step"] == 0
+            assert extra["device_reads"] == 0 and extra["syncs_per_loop"] == 1
+        else:  # index_for_timestep: nonzero() and .item() of the device timesteps on the first step
+            assert extra["step_syncs"] == 2 and extra["device_reads"] == 2 and extra["syncs_per_loop"] == 3
+            assert extra["nonzero_per_step"] == 1 / steps and extra["item_calls_per_step"] == 1 / steps
+            assert sum(n for k, n in extra["syncs_by_source"].items() if "(index_for_timestep)" in k) == 2
+        assert extra["syncs_per_step"] == extra["syncs_per_loop"] / steps
+    for b in ("unset", "set"):  # Flux: the placement of the sigmas does not change the count
+        assert rows[("device", b)]["syncs_per_loop"] == rows[("cpu", b)]["syncs_per_loop"]
+    for p in ("device", "cpu"):  # the begin index does: it saves both reads
+        assert rows[(p, "unset")]["syncs_per_loop"] - rows[(p, "set")]["syncs_per_loop"] == 2
+
+    host_t = nb.row("syncs: sigmas and timesteps on cpu, begin_index set")["extra"]
+    assert host_t["setup_syncs"] == 0 and host_t["step_syncs"] == host_t["blocking_copies"] == steps
+    assert all("copy host to device in steps" in k for k in host_t["syncs_by_source"])
+
+    euler = {p: nb.row(f"euler step syncs: sigmas on {p}")["extra"] for p in ("device", "cpu")}
+    for p, extra in euler.items():
+        assert extra["item_calls_per_step"] == 2 and extra["real_syncs"] == 0
+        assert extra["step_syncs"] == (2 * steps if p == "device" else 0)
+    # the claim: fewer syncs with the sigmas on the CPU (Euler), in the steps and over the whole loop
+    assert euler["cpu"]["syncs_per_loop"] < euler["device"]["syncs_per_loop"]
 
     skipped = nb.row("cuda sync debug mode")
     assert skipped["status"] == "skipped" and "CUDA" in skipped["reason"]
-    for p in ("device", "cpu"):
-        euler = nb.row(f"euler step syncs: sigmas on {p}")["extra"]
-        assert euler["item_calls_per_step"] == 2 and euler["syncs_per_step"] == 0
-        assert euler["device_reads_per_step"] == (2 if p == "device" else 0)
     for p, b in SETTINGS:
         row = nb.row(f"loop compiled: sigmas on {p}, begin_index {b}")
         assert row["status"] == "ok" and row["latency_median_s"] > 0 and len(row["latency_samples_s"]) == 3
-    assert (nb.figures_dir / "cpu" / "07_scheduler_syncs_device_reads_per_step.png").stat().st_size > 1000
+        assert row["extra"]["syncs_per_loop"] == rows[(p, b)]["syncs_per_loop"]
+    assert (nb.figures_dir / "cpu" / "07_scheduler_syncs_syncs_per_loop.png").stat().st_size > 1000
+    text = nb.text()
+    assert "Nothing to compare" in text and "Empty DataFrame" not in text
+    assert "set_begin_index(0) saves 2 syncs per loop" in text
+
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("PLACEMENTS", ["gpu"], r"PLACEMENTS contains \['gpu'\]; each entry must be one of: 'device', 'cpu'"),
+    ("STEPS", 0, r"STEPS=\[0\] must be a non-empty list of positive integers"),
+])
+def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
+    with pytest.raises(Exception, match=message):
+        run_notebook("07_scheduler_syncs", tmp_path, **{knob: value})
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
