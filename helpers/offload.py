@@ -1,11 +1,14 @@
-"""Turn on diffusers' CPU offload modes on a pipeline and report which hooks they installed."""
+"""Turn on diffusers' CPU offload modes on a pipeline, report the hooks they installed, check them, free pipelines."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from helpers import compile_tools, pipelines, workloads
 
 MODES: tuple[str, ...] = ("model", "sequential", "group_block", "group_leaf")
 DESCRIPTION: dict[str, str] = {
@@ -72,3 +75,79 @@ def no_accelerator_reason(mode: str) -> str:
     """Why an offload mode cannot be measured on a machine without a CUDA GPU."""
     return (f"{mode} offload moves weights between CPU memory and an accelerator; this machine has no CUDA GPU, "
             "so there is no accelerator memory to save and no transfer to time (measured on the full profile)")
+
+
+def accelerate_sequential_offload(pipe: Any, execution_device: str | torch.device) -> None:
+    """What pipe.enable_sequential_cpu_offload() installs (accelerate.cpu_offload on each component), device as given.
+
+    diffusers rewrites the device as '<type>:<index>' ('cpu' becomes 'cpu:0') before calling accelerate; this
+    passes execution_device through unchanged, so the CPU can stand in for the accelerator."""
+    from accelerate import cpu_offload
+
+    for name, component in pipe.components.items():
+        if not isinstance(component, torch.nn.Module):
+            continue
+        if name in pipe._exclude_from_cpu_offload:
+            component.to(execution_device)
+        else:
+            cpu_offload(component, execution_device, offload_buffers=len(component._parameters) > 0)
+
+
+def execution_device_check(device: str | torch.device) -> dict[str, str]:
+    """What accelerate's offload does with one execution device: what Parameter.to(device) returns, and whether
+    an nn.Linear under accelerate.cpu_offload(execution_device=device) runs on a CPU input."""
+    from accelerate import cpu_offload
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    moved = param.to(device)
+    layer = torch.nn.Linear(4, 4)
+    cpu_offload(layer, execution_device=device)
+    error = error_of(lambda: layer(torch.ones(2, 4)))
+    return {"nn.Parameter(cpu tensor).to(device) returns": "the same Parameter" if moved is param
+            else f"a new {type(moved).__name__}",
+            "nn.Linear under accelerate.cpu_offload": error or "runs"}
+
+
+def regional_trace(pipe: Any, inputs: dict[str, Any]) -> tuple[str, compile_tools.CompileCounts]:
+    """Trace the denoiser's repeated blocks with fullgraph=True on dynamo's eager backend (no kernels are built),
+    under whatever hooks the pipeline carries, for one forward; return the error ('' if it traced) and the counts.
+
+    The blocks are uncompiled and dynamo is reset afterwards, so the pipeline is eager again."""
+    net = pipelines.denoiser(pipe)
+    compile_tools.reset()
+    net.compile_repeated_blocks(fullgraph=True, backend="eager")
+    try:
+        with compile_tools.counting() as counts:
+            error = error_of(lambda: workloads.denoiser_call(pipe, inputs)())
+    finally:
+        for module in net.modules():
+            if getattr(module, "_compiled_call_impl", None) is not None:
+                compile_tools.uncompile(module)
+        compile_tools.reset()
+    return error, counts
+
+
+def free_pipeline(*parts: Any) -> int:
+    """Free pipelines or modules for good: drop compiled graphs, empty every tensor they hold, collect garbage and
+    empty the CUDA cache; return the CUDA bytes still allocated afterwards (0 without CUDA).
+
+    Emptying the tensors in place frees them even where a closure or a hook still refers to the module, so the
+    next peak-memory measurement does not count them; the parts are unusable afterwards."""
+    compile_tools.reset()  # dynamo's caches and guards refer to the compiled modules
+    for part in parts:
+        components = part.components.values() if hasattr(part, "components") else [part]
+        for module in components:
+            if not isinstance(module, torch.nn.Module):
+                continue
+            for tensor in [*module.parameters(), *module.buffers()]:
+                quant_state = getattr(tensor, "quant_state", None)
+                if quant_state is not None:  # bitsandbytes 4-bit weights keep their scales beside the data
+                    tensor.quant_state = None
+                with torch.inference_mode(tensor.is_inference()):  # hooks may have made inference tensors
+                    tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return torch.cuda.memory_allocated()
+    return 0

@@ -128,6 +128,40 @@ def linear_weight_bytes(model: torch.nn.Module, names: list[str]) -> int:
     return sum(modules[n].weight.numel() * modules[n].weight.element_size() for n in names)
 
 
+def _quant_state_tensors(quant_state: object) -> list[torch.Tensor]:
+    """The tensors a bitsandbytes QuantState holds: scales (absmax), code book, and the nested level's, if any."""
+    tensors = [getattr(quant_state, n, None) for n in ("absmax", "code", "offset")]
+    nested = getattr(quant_state, "state2", None)
+    if nested is not None:
+        tensors += _quant_state_tensors(nested)
+    return [t for t in tensors if isinstance(t, torch.Tensor)]
+
+
+def footprint_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes a model holds: parameters, buffers, and the quant-state tensors of its bitsandbytes 4-bit weights.
+
+    get_memory_footprint() counts parameters and buffers only; a Params4bit weight keeps its scales (absmax),
+    its 16-entry code book and any nested-quantization state in weight.quant_state, which it leaves out. Each
+    tensor is counted once, however many modules share it."""
+    seen: set[tuple[str, int, int]] = set()
+
+    def size(tensors: list[torch.Tensor]) -> int:
+        total = 0
+        for t in tensors:
+            key = (str(t.device), t.data_ptr(), t.numel())
+            if key not in seen:
+                seen.add(key)
+                total += t.numel() * t.element_size()
+        return total
+
+    params = list(model.parameters())
+    out = {"parameter_bytes": size(params), "buffer_bytes": size(list(model.buffers()))}
+    out["quant_state_bytes"] = size([t for p in params if getattr(p, "quant_state", None) is not None
+                                     for t in _quant_state_tensors(p.quant_state)])
+    out["total_bytes"] = out["parameter_bytes"] + out["buffer_bytes"] + out["quant_state_bytes"]
+    return out
+
+
 def relative_l2(reference: torch.Tensor, other: torch.Tensor) -> float:
     """||other - reference|| / ||reference||, computed in fp32."""
     ref, oth = reference.detach().float(), other.detach().float().to(reference.device)

@@ -1,4 +1,5 @@
-"""Notebook 08 on the smoke profile: offload hooks, parity, and skipped GPU measurements with reasons."""
+"""Notebook 08 on the smoke profile: offload hooks, parity, the sequential cpu:0 cause and stand-in, the fullgraph
+trace per mode, skipped GPU measurements with reasons, and fail-fast knobs."""
 
 import math
 
@@ -18,8 +19,10 @@ def test_offload_rows(tmp_path):
 
     base = nb.row("no offload eager")
     assert base["status"] == "ok" and base["latency_median_s"] > 0 and base["peak_memory_bytes"] > 0
+    assert base["memory_kind"] == "cpu_allocated_during_call"
     sizes = nb.row("component weights")["extra"]
-    assert sizes["largest_component"] in sizes["component_bytes"]
+    # model offload's floor is the largest component: on the tiny smoke models that is the VAE, not the DiT
+    assert sizes["largest_component"] == "vae" == max(sizes["component_bytes"], key=sizes["component_bytes"].get)
 
     for mode in MODES:
         hooks_row = nb.row(f"{mode} offload: hooks")
@@ -30,25 +33,70 @@ def test_offload_rows(tmp_path):
         if mode == "model":
             assert all(h["accelerate_hook_types"] == ["CpuOffload"] and h["accelerate_hooks"] == 1
                        for h in hooks.values())
+            assert extra["execution_device"] == "cpu:0"  # diffusers' rewrite, harmless for whole-module moves
         if mode == "sequential":
             assert all(h["accelerate_hooks"] > 1 and h["parameter_devices"] == ["meta"] for h in hooks.values())
+            assert extra["execution_device"] == "cpu:0"
         if mode.startswith("group"):
             assert all(h["group_offload_hooks"] > 0 for h in hooks.values())
             assert "stream" in extra["stream_error"] and extra["use_stream"] is False
-        if mode != "sequential":
-            assert extra["run_error"] == "" and extra["drift_vs_no_offload"] == 0.0
+
+        parity = nb.row(f"{mode} offload: parity")
+        if mode == "sequential":  # diffusers passes cpu:0, which accelerate's leaf hooks cannot handle on a CPU
+            assert parity["status"] == "failed" and parity["extra"]["run_error"].startswith("TypeError")
+            assert parity["extra"]["drift_vs_no_offload"] is None
+        else:
+            assert parity["status"] == "ok" and parity["extra"]["run_error"] == ""
+            assert parity["extra"]["drift_vs_no_offload"] == 0.0
+
+        # only model offload's hooks sit outside the blocks: the others stop fullgraph tracing
+        trace = nb.row(f"{mode} offload: fullgraph trace")
+        assert trace["status"] == "ok" and trace["extra"]["backend"] == "eager"
+        if mode == "model":
+            assert trace["extra"]["traced"] is True and trace["graph_breaks"] == 0
+            assert trace["extra"]["graphs_traced"] >= 2 and trace["extra"]["trace_error"] == ""
+        else:
+            assert trace["extra"]["traced"] is False and trace["graph_breaks"] >= 1
+            assert "torch.compiler.disable" in trace["extra"]["trace_error"]
+        assert trace["extra"]["traced_pipeline"].startswith("stand-in" if mode == "sequential" else "diffusers")
+
         # every GPU measurement is skipped on the CPU, with the reason
         for variant in ("eager", "regional compile"):
             row = nb.row(f"{mode} offload {variant}")
             assert row["status"] == "skipped" and "no CUDA GPU" in row["reason"]
             assert pd_isna(row["latency_median_s"]) and pd_isna(row["peak_memory_bytes"])
 
+    # the verified cause: Parameter.to('cpu:0') copies to a plain Tensor, which accelerate cannot rebuild
+    cause = nb.row("sequential offload: cpu:0 check")["extra"]["checks"]
+    assert cause["cpu"] == {"nn.Parameter(cpu tensor).to(device) returns": "the same Parameter",
+                            "nn.Linear under accelerate.cpu_offload": "runs"}
+    assert cause["cpu:0"]["nn.Parameter(cpu tensor).to(device) returns"] == "a new Tensor"
+    assert cause["cpu:0"]["nn.Linear under accelerate.cpu_offload"] == nb.row(
+        "sequential offload: parity")["extra"]["run_error"]
+    stand_in = nb.row("sequential offload: stand-in parity")
+    assert stand_in["status"] == "ok" and stand_in["extra"]["drift_vs_no_offload"] == 0.0
+    assert stand_in["extra"]["execution_device"] == "cpu"
+    assert stand_in["extra"]["hooks"] == nb.row("sequential offload: hooks")["extra"]["hooks"]
+
     compiled = nb.row("no offload regional compile")
     assert compiled["status"] == "skipped" and "CUDA GPU" in compiled["reason"]
     assert "offload ratios" not in set(rows["scenario"])  # no GPU, no ratios: nothing is invented
     assert (rows[rows["status"] != "ok"]["reason"].str.len() > 20).all()
+    assert set(rows[rows["status"] == "failed"]["scenario"]) == {"sequential offload: parity"}
     assert (nb.figures_dir / "cpu" / "08_cpu_offload_hooks_per_mode.png").stat().st_size > 1000
+    assert "all checks hold on the smoke profile" in nb.text()
     assert "not measured" in nb.text()
+
+
+@pytest.mark.parametrize("knob, value, allowed", [
+    ("OFFLOAD_MODES", ["disk"], "'model', 'sequential', 'group_block', 'group_leaf'"),
+    ("VARIANTS", ["max-autotune"], "'eager', 'regional'"),
+    ("OFFLOAD_REPEATS", -1, "positive integers"),
+])
+def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
+    with pytest.raises(Exception, match=f"{knob}.*{allowed}"):
+        run_notebook("08_cpu_offload", tmp_path, **{knob: value})
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
 
 
 def pd_isna(value) -> bool:

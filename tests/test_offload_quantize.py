@@ -102,3 +102,83 @@ def test_narrow_layers_go_to_the_generic_cpu_kernel(tiny_pipe, tmp_path):
     assert all(m.support_avx512bf16_for_cpu is False for m in narrow)
     assert (f"{len(narrow)} of {len(layers)} NF4 layers" in path) == bool(narrow)
     assert quantize.generic_cpu_path_for_narrow_layers(model) == len(narrow)
+
+
+def test_sequential_cpu0_cause_and_stand_in(tiny_pipe):
+    """diffusers' sequential offload passes 'cpu:0', which accelerate's hooks cannot handle; 'cpu' works."""
+    from helpers import params, workloads
+
+    cpu, cpu0 = offload.execution_device_check("cpu"), offload.execution_device_check("cpu:0")
+    assert cpu == {"nn.Parameter(cpu tensor).to(device) returns": "the same Parameter",
+                   "nn.Linear under accelerate.cpu_offload": "runs"}
+    assert cpu0["nn.Parameter(cpu tensor).to(device) returns"] == "a new Tensor"
+    assert cpu0["nn.Linear under accelerate.cpu_offload"].startswith("TypeError")
+
+    run = params.resolve("08_cpu_offload", PROFILE="smoke")
+    tiny_pipe.set_progress_bar_config(disable=True)
+    reference = workloads.pipeline_call(tiny_pipe, run, output_type="latent")().images
+    diffusers_way = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
+    diffusers_way.set_progress_bar_config(disable=True)
+    offload.enable(diffusers_way, "sequential", "cpu")
+    assert str(diffusers_way._execution_device) == "cpu:0"
+    diffusers_hooks = offload.hook_summary(diffusers_way)
+    error = offload.error_of(lambda: workloads.pipeline_call(diffusers_way, run, output_type="latent")())
+    assert error == cpu0["nn.Linear under accelerate.cpu_offload"]
+
+    stand_in = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
+    stand_in.set_progress_bar_config(disable=True)
+    offload.accelerate_sequential_offload(stand_in, torch.device("cpu"))
+    assert offload.hook_summary(stand_in) == diffusers_hooks
+    out = workloads.pipeline_call(stand_in, run, output_type="latent")().images
+    assert torch.equal(out, reference)
+
+
+def test_regional_trace_model_vs_group_offload(tiny_pipe):
+    """Model offload's hooks sit outside the blocks (one graph each); group offload's stop fullgraph tracing."""
+    from helpers import params, workloads
+
+    inputs = workloads.run_inputs(tiny_pipe, params.resolve("08_cpu_offload", PROFILE="smoke"))
+    model = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
+    offload.enable(model, "model", "cpu")
+    error, counts = offload.regional_trace(model, inputs)
+    assert error == "" and counts.graphs >= 2 and counts.graph_breaks == 0
+    net = pipelines.denoiser(model)
+    assert all(getattr(m, "_compiled_call_impl", None) is None for m in net.modules()), "blocks left compiled"
+    group = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
+    offload.enable(group, "group_block", "cpu", use_stream=False)
+    error, counts = offload.regional_trace(group, inputs)
+    assert "torch.compiler.disable" in error and counts.graph_breaks >= 1
+
+
+def test_free_pipeline_empties_tensors_and_compile_state(tmp_path):
+    from torch._dynamo.utils import counters
+
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
+    bf16 = pipe.text_encoder_2
+    bf16.save_pretrained(tmp_path / "t5")
+    nf4, _ = quantize.load_nf4(type(bf16), tmp_path / "t5", "cpu")
+    offload.enable(pipe, "sequential", "cpu")  # hooks keep references; freeing must not depend on them going away
+    linear = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    linear(torch.ones(2, 4))
+    assert counters["stats"]["unique_graphs"] > 0
+    assert offload.free_pipeline(pipe, nf4) == 0  # no CUDA here: nothing left on an accelerator
+    assert counters["stats"]["unique_graphs"] == 0, "compiled graphs must be dropped"
+    for module in [*(m for m in pipe.components.values() if isinstance(m, torch.nn.Module)), nf4]:
+        assert all(t.numel() == 0 for t in [*module.parameters(), *module.buffers()])
+    assert all(getattr(p, "quant_state", None) is None for p in nf4.parameters())
+
+
+def test_footprint_counts_quant_state(tiny_pipe, tmp_path):
+    """get_memory_footprint() leaves out the NF4 scales and code books; footprint_bytes counts them."""
+    bf16 = tiny_pipe.transformer
+    full = quantize.footprint_bytes(bf16)
+    assert full == {"parameter_bytes": bf16.get_memory_footprint(), "buffer_bytes": 0, "quant_state_bytes": 0,
+                    "total_bytes": bf16.get_memory_footprint()}
+    bf16.save_pretrained(tmp_path / "dit")
+    nf4, _ = quantize.load_nf4(type(bf16), tmp_path / "dit", "cpu")
+    sizes, linear = quantize.footprint_bytes(nf4), quantize.linear4bit_bytes(nf4)
+    assert sizes["parameter_bytes"] + sizes["buffer_bytes"] == nf4.get_memory_footprint()
+    # the scales (absmax, fp32, one per 64 weights) plus one 16-entry fp32 code book per layer
+    assert sizes["quant_state_bytes"] == linear["scale_bytes"] + linear["layers"] * 16 * 4
+    assert sizes["total_bytes"] == nf4.get_memory_footprint() + sizes["quant_state_bytes"]
+    assert linear["nf4_bytes"] < sizes["total_bytes"] < full["total_bytes"]
