@@ -133,8 +133,23 @@ def quiet_profile(**kwargs: Any) -> Iterator[profile]:
             prof.__exit__(None, None, None)
 
 
+_PRIMED: list[bool] = [False]
+
+
+def _prime_allocation_tracking() -> None:
+    """Trigger, with stderr silenced, the once-per-process C++ warning that a block freed while profiling
+    memory was allocated before it started (every measured call frees such blocks; the warning says nothing)."""
+    if _PRIMED[0]:
+        return
+    block = [torch.ones(16)]
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+        block.clear()
+    _PRIMED[0] = True
+
+
 def _allocation_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
     """Run fn under the profiler's memory tracking; peak of bytes allocated during the call and not yet freed."""
+    _prime_allocation_tracking()
     with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         out = fn()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
