@@ -8,6 +8,7 @@ import logging
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,8 +16,6 @@ import torch._dynamo
 import torch._dynamo.exc
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxTransformer2DModel
 from torch._dynamo.utils import counters
-
-from helpers.precision import cast_module
 
 # Where the planted attention processors go: the first double-stream and the first single-stream block.
 DEBUG_PRINT_BLOCK = "transformer_blocks.0.attn.processor"
@@ -112,7 +111,11 @@ def restore(transformer: FluxTransformer2DModel) -> None:
 
 @dataclass
 class BreakReport:
-    """What torch._dynamo.explain and dynamo's counters saw for one call of a module."""
+    """What torch._dynamo.explain, dynamo's counters and its logs saw for one call of a module.
+
+    explain_breaks is explain's own figure, graphs - 1; explain_reasons lists only the graphs that ended at a
+    break. counter_entries holds every entry of the two counter keys (`graph_break`: a break dynamo split the
+    frame at; `unimplemented`: the rest) and frames_given_up the frames dynamo could not split and ran eagerly."""
 
     explain_graphs: int
     explain_breaks: int
@@ -121,6 +124,9 @@ class BreakReport:
     counter_unimplemented: int
     counter_reasons: dict[str, int] = field(default_factory=dict)
     log_lines: list[str] = field(default_factory=list)
+    graphs: list[dict[str, Any]] = field(default_factory=list)
+    counter_entries: list[dict[str, Any]] = field(default_factory=list)
+    frames_given_up: list[str] = field(default_factory=list)
 
     @property
     def breaks(self) -> int:
@@ -133,46 +139,83 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
 
 
+def _where(frame: Any) -> str:
+    """A traceback frame summary as 'function (file:line)'."""
+    return f"{frame.name} ({Path(frame.filename).name}:{frame.lineno})"
+
+
 @contextlib.contextmanager
-def graph_break_logs() -> Iterator[list[str]]:
-    """Capture what TORCH_LOGS="graph_breaks" prints, as a list of lines (filled while the block runs)."""
+def graph_break_logs() -> Iterator[tuple[list[str], list[str]]]:
+    """Capture what TORCH_LOGS="graph_breaks" prints (lines), and the frames dynamo gave up on, while the block runs.
+
+    A frame is given up when tracing it raised and dynamo fell back to running it eagerly; dynamo's
+    convert_frame logger says so at debug level ("skipping: <name> (reason: an error was suppressed ...)")."""
     lines: list[str] = []
+    given_up: list[str] = []
 
     class _Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if "graph_breaks" in record.name:
                 lines.extend(record.getMessage().splitlines())
+            elif (record.name.endswith("convert_frame") and isinstance(record.args, tuple)
+                  and len(record.args) == 3 and "error was suppressed" in str(record.args[1])):
+                name, _, filename = record.args
+                given_up.append(f"{name} ({Path(str(filename)).name})")
 
     torch._logging.set_logs(graph_breaks=True)
     target = logging.getLogger("torch._dynamo")
+    frames_log = logging.getLogger("torch._dynamo.convert_frame")
+    old_level = frames_log.level
+    frames_log.setLevel(logging.DEBUG)
     quiet = [(h, h.setStream(io.StringIO())) for h in target.handlers if isinstance(h, logging.StreamHandler)]
     handler = _Collect()
     target.addHandler(handler)
     try:
-        yield lines
+        yield lines, given_up
     finally:
         target.removeHandler(handler)
+        frames_log.setLevel(old_level)
         for h, old in quiet:
             h.setStream(old)
         torch._logging.set_logs()
+
+
+def _kind(reason: str) -> str:
+    """The planted kind (a key of REASON_MARKERS) a break reason belongs to, or 'other'."""
+    return next((k for k, marks in REASON_MARKERS.items() if any(m in reason for m in marks)), "other")
 
 
 def find_breaks(module: torch.nn.Module, inputs: dict[str, Any]) -> BreakReport:
     """Trace one call of module with torch._dynamo.explain; report its breaks, dynamo's counters and the logs."""
     torch._dynamo.reset()
     counters.clear()
-    with graph_break_logs() as lines, torch.inference_mode():
+    with graph_break_logs() as (lines, given_up), torch.inference_mode():
         explained = torch._dynamo.explain(module)(**inputs)
     reasons: dict[str, int] = {}
+    entries: list[dict[str, Any]] = []
     for group in ("graph_break", "unimplemented"):
         for key, n in counters[group].items():
             reasons[_first_line(key)] = reasons.get(_first_line(key), 0) + n
+            entries.append({"planted kind": _kind(key), "counter key": group, "count": n,
+                            "reason (first line)": _first_line(key),
+                            "graph break in a loop": "graph break in loop" in key})
+    graphs = []
+    for gm in explained.graphs:
+        why = gm.compile_subgraph_reason
+        stack = list(why.user_stack) if why is not None else []
+        graphs.append({
+            "ops": sum(n.op == "call_function" for n in gm.graph.nodes),
+            "frame": _where(stack[0]) if stack else "?",
+            "ends with": f"break: {_first_line(why.reason)}" if why is not None and why.graph_break else "return",
+            "break site": _where(stack[-1]) if why is not None and why.graph_break and stack else "",
+        })
     report = BreakReport(
         explain_graphs=explained.graph_count, explain_breaks=explained.graph_break_count,
         explain_reasons=[_first_line(r.reason) for r in explained.break_reasons],
         counter_graph_breaks=sum(counters["graph_break"].values()),
         counter_unimplemented=sum(counters["unimplemented"].values()),
-        counter_reasons=reasons, log_lines=list(lines),
+        counter_reasons=reasons, log_lines=list(lines), graphs=graphs, counter_entries=entries,
+        frames_given_up=list(given_up),
     )
     torch._dynamo.reset()
     return report
@@ -197,16 +240,79 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
 
 
+def _blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a model: the entries of its ModuleList children."""
+    return [b for child in module.children() if isinstance(child, torch.nn.ModuleList) for b in child]
+
+
+def _numel(module: torch.nn.Module) -> int:
+    """Floating-point parameter and buffer elements of a module."""
+    return sum(t.numel() for t in [*module.parameters(), *module.buffers()] if t.is_floating_point())
+
+
+def fp32_upcast_bytes(module: torch.nn.Module) -> int:
+    """Bytes the fp32 copies of fp32_reference need at once: the weights outside the blocks plus the largest block."""
+    blocks = _blocks(module)
+    in_blocks = sum(_numel(b) for b in blocks)
+    return 4 * (_numel(module) - in_blocks + max((_numel(b) for b in blocks), default=0))
+
+
+# Room left for fp32 activations of one block beside the upcast weights (a few hundred MB for Flux at 1024 px).
+FP32_ACTIVATION_HEADROOM_BYTES = 2 * 2**30
+
+
+def fp32_reference_unavailable_reason(module: torch.nn.Module) -> str:
+    """Why fp32_reference cannot run now ('' when it can): on CUDA, too little free memory for the upcast copies."""
+    device = next(module.parameters()).device
+    if device.type != "cuda":
+        return ""
+    free, _ = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    need = fp32_upcast_bytes(module) + FP32_ACTIVATION_HEADROOM_BYTES
+    if free < need:
+        return (f"the fp32 reference needs {need / 2**30:.1f} GiB free on {torch.cuda.get_device_name(device)} "
+                f"(fp32 copies of one block and the non-block weights, plus activations); {free / 2**30:.1f} GiB is")
+    return ""
+
+
+def _float_tensors(module: torch.nn.Module) -> list[torch.Tensor]:
+    """The floating-point parameters and buffers of a module."""
+    return [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+
+
+def _upcast(tensors: list[torch.Tensor]) -> None:
+    """Put each tensor's data in fp32, in place (the Parameter objects stay the same)."""
+    for t in tensors:
+        t.data = t.data.float()
+
+
 @torch.no_grad()
 def fp32_reference(module: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
-    """The module's first output computed in fp32 (weights upcast in place, then cast back losslessly)."""
-    dtype = next(module.parameters()).dtype
+    """The module's first output computed in fp32, upcasting one block at a time (weights cast back losslessly).
+
+    The weights outside the repeated blocks are fp32 for the whole call; each block is cast to fp32 just before
+    it runs and back right after, so the extra memory is fp32_upcast_bytes(module), not a full fp32 copy (48 GB
+    for Flux-1-Dev's 12B transformer). Every op still runs in fp32: the output equals that of module.float()."""
+    original = {id(t): (t, t.dtype) for t in _float_tensors(module)}
+
+    def restore(tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            t.data = t.data.to(original[id(t)][1])
+
     up = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
-    module.float()
+    blocks = _blocks(module)
+    in_blocks = {id(t) for b in blocks for t in _float_tensors(b)}
+    hooks = []
     try:
+        _upcast([t for i, (t, _) in original.items() if i not in in_blocks])
+        for block in blocks:
+            hooks.append(block.register_forward_pre_hook(lambda m, _args: _upcast(_float_tensors(m))))
+            hooks.append(block.register_forward_hook(lambda m, _args, _out: restore(_float_tensors(m))))
         out = module(**up)
     finally:
-        cast_module(module, dtype)
+        for h in hooks:
+            h.remove()
+        restore([t for t, _ in original.values()])
     return (out[0] if isinstance(out, (tuple, list)) else out).float()
 
 

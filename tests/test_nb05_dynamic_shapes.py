@@ -19,6 +19,26 @@ def test_dynamic_shapes_rows(tmp_path):
     assert dyn["recompiles"] == 0 and marked["recompiles"] == 0
     assert len(dyn["extra"]["resolutions"]) >= 3 and dyn["compile_s"] > dyn["latency_median_s"] > 0
     stat = nb.row("static kernels step")
+    # timed while the one static graph was the only one held, and nothing compiled during the timed calls
+    assert stat["extra"]["graphs_held"] == 1 and stat["recompiles"] == 0 and stat["latency_median_s"] > 0
+    regional = nb.row("regional dynamic kernels step")
+    assert regional["extra"]["graphs"] >= 1 and regional["recompiles"] == 0
+    assert regional["compile_s"] > regional["latency_median_s"] > 0
     cost = nb.row("dynamic vs static")["extra"]
     assert cost["dynamic_over_static"] == pytest.approx(dyn["latency_median_s"] / stat["latency_median_s"])
+    assert cost["regional_over_static"] == pytest.approx(regional["latency_median_s"] / stat["latency_median_s"])
     assert (nb.figures_dir / "cpu" / "05_dynamic_shapes_static_vs_dynamic.png").stat().st_size > 1000
+
+
+ALLOWED = r"is not allowed; use None, or a list of at least three different square sizes in px, each a multiple of 16"
+
+
+@pytest.mark.parametrize("knob, value, allowed", [
+    ("RESOLUTIONS", [128, 100, 64], r"RESOLUTIONS=\[128, 100, 64\] " + ALLOWED),
+    ("RESOLUTIONS", [128, 96], r"RESOLUTIONS=\[128, 96\] " + ALLOWED),
+    ("EMULATE_PRECISION_CASTS", "yes", r"EMULATE_PRECISION_CASTS='yes' is not allowed; choose one of: True, False"),
+])
+def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
+    with pytest.raises(Exception, match=allowed):
+        run_notebook("05_dynamic_shapes", tmp_path, **{knob: value})
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
