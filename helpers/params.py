@@ -71,9 +71,9 @@ class Run:
 
 
 def check_choice(name: str, value: Any, allowed: Iterable[Any]) -> Any:
-    """Return value if it is one of allowed, else raise naming the parameter and the choices."""
+    """Return value if it is one of allowed (same type too: 1 is not True), else raise naming the choices."""
     allowed = tuple(allowed)
-    if value not in allowed:
+    if not any(value == a and type(value) is type(a) for a in allowed):
         choices = ", ".join(repr(a) for a in allowed)
         raise ParameterError(f"{name}={value!r} is not allowed; choose one of: {choices}")
     return value
@@ -90,15 +90,25 @@ def check_subset(name: str, values: Iterable[Any], allowed: Iterable[Any]) -> li
     return values
 
 
+def _is_positive_int(v: Any) -> bool:
+    """An int (not a bool) above zero."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def check_positive_ints(name: str, values: Iterable[Any], multiple_of: int = 1) -> list[int]:
     """Return values as a non-empty list of positive ints divisible by multiple_of, else raise."""
     values = list(values)
-    ok = values and all(isinstance(v, int) and v > 0 and v % multiple_of == 0 for v in values)
-    if not ok:
-        raise ParameterError(
-            f"{name}={values!r} must be a non-empty list of positive integers divisible by {multiple_of}"
-        )
+    if not values or not all(_is_positive_int(v) and v % multiple_of == 0 for v in values):
+        also = f" divisible by {multiple_of}" if multiple_of > 1 else ""
+        raise ParameterError(f"{name}={values!r} must be a non-empty list of positive integers{also}")
     return values
+
+
+def check_positive_int(name: str, value: Any) -> int:
+    """Return value if it is a positive int (not a bool), else raise naming the parameter."""
+    if not _is_positive_int(value):
+        raise ParameterError(f"{name}={value!r} must be a positive integer, e.g. 2")
+    return value
 
 
 WEIGHT_CHOICES = ("'random' (seeded random weights in the real architecture, from data/configs), an existing "

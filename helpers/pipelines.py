@@ -252,7 +252,7 @@ def denoiser(pipe: diffusers.DiffusionPipeline) -> torch.nn.Module:
     return getattr(pipe, DENOISER[_model_of(pipe)])
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def denoiser_inputs(
     pipe: diffusers.DiffusionPipeline,
     *,
@@ -263,36 +263,55 @@ def denoiser_inputs(
     guidance: float = 3.5,
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Keyword arguments for one denoiser forward at the first step, prepared by the pipeline's own helpers.
+    """Keyword arguments for one denoiser forward at the first step, exactly as the pipeline builds them.
 
-    Flux: packed latents, T5 and pooled CLIP embeddings, image/text position ids, timestep 1.0 (sigma 1) and the
-    embedded guidance. SDXL: latents scaled for the first step of a 28-step Euler schedule, both text encoders'
-    hidden states and the added time embedding inputs; with guidance > 1 the batch is doubled for classifier-free
-    guidance, as the pipeline does. Tensors are in the denoiser's dtype except SDXL's timestep, which stays the
-    scheduler's fp32 value as in the pipeline. max_sequence_length is ignored for SDXL (CLIP reads 77 tokens)."""
+    Every tensor has the dtype, shape and strides the pipeline's first denoiser call gets, and the keys are the
+    ones it passes, so a denoiser compiled on these inputs serves the pipeline without recompiling (dynamo
+    guards on all of that). Flux: packed latents, T5 and pooled CLIP embeddings, text/image position ids, the
+    first timestep (sigma 1, i.e. 1000 rounded to the latents' dtype, / 1000), guidance as the pipeline's fp32
+    `full([1]).expand(batch)`, and `joint_attention_kwargs={}`. SDXL: latents scaled for the first step of a
+    28-step Euler schedule, the scheduler's 0-d fp32 timestep, both text encoders' hidden states, the added
+    time embedding inputs, `timestep_cond=None` and `cross_attention_kwargs=None`; with guidance > 1 the batch
+    is doubled for classifier-free guidance. The pipeline hands the UNet `sample` and `timestep` positionally,
+    so a call that must match its guards passes those two positionally. The tensors are inference tensors, as
+    in a pipeline run under `torch.inference_mode()` (workloads.pipeline_call). max_sequence_length is ignored
+    for SDXL (CLIP reads 77 tokens)."""
     model = _model_of(pipe)
     net = denoiser(pipe)
-    device, dtype = pipe._execution_device, net.dtype
+    device = pipe._execution_device
     prompts = [PROMPT] * batch_size
     generator = torch.Generator(device="cpu").manual_seed(seed)
 
     if model == "flux-dev":
+        import numpy as np
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+        # As FluxPipeline.__call__ (diffusers 0.42): embeddings in the text encoders' dtype, latents in theirs.
         prompt_embeds, pooled, text_ids = pipe.encode_prompt(
             prompt=prompts, prompt_2=None, device=device, max_sequence_length=max_sequence_length)
         latents, image_ids = pipe.prepare_latents(
-            batch_size, net.config.in_channels // 4, height, width, dtype, device, generator)
-        inputs: dict[str, Any] = {
+            batch_size, net.config.in_channels // 4, height, width, prompt_embeds.dtype, device, generator)
+        scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+        steps = _SDXL_REFERENCE_STEPS  # the first Flux timestep is sigma 1 whatever the step count
+        conf = scheduler.config
+        sigmas = None if getattr(conf, "use_flow_sigmas", False) else np.linspace(1.0, 1 / steps, steps)
+        mu = calculate_shift(latents.shape[1], conf.get("base_image_seq_len", 256),
+                             conf.get("max_image_seq_len", 4096), conf.get("base_shift", 0.5),
+                             conf.get("max_shift", 1.15))
+        timesteps, _ = retrieve_timesteps(scheduler, steps, device, sigmas=sigmas, mu=mu)
+        batch = latents.shape[0]
+        return {
             "hidden_states": latents,
-            "encoder_hidden_states": prompt_embeds.to(dtype),
-            "pooled_projections": pooled.to(dtype),
-            "timestep": torch.ones(batch_size, device=device, dtype=dtype),
-            "img_ids": image_ids,
-            "txt_ids": text_ids,
-            "guidance": (torch.full((batch_size,), guidance, device=device, dtype=dtype)
+            "timestep": timesteps[0].expand(batch).to(latents.dtype) / 1000,
+            "guidance": (torch.full([1], guidance, device=device, dtype=torch.float32).expand(batch)
                          if net.config.guidance_embeds else None),
+            "pooled_projections": pooled,
+            "encoder_hidden_states": prompt_embeds,
+            "txt_ids": text_ids,
+            "img_ids": image_ids,
+            "joint_attention_kwargs": {},
             "return_dict": False,
         }
-        return inputs
 
     cfg = guidance > 1.0
     prompt_embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
@@ -300,8 +319,9 @@ def denoiser_inputs(
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
     scheduler.set_timesteps(_SDXL_REFERENCE_STEPS, device=device)
     timestep = scheduler.timesteps[0]
-    latents = pipe.prepare_latents(batch_size, net.config.in_channels, height, width, dtype, device, generator)
-    time_ids = pipe._get_add_time_ids((height, width), (0, 0), (height, width), dtype=dtype,
+    latents = pipe.prepare_latents(batch_size, net.config.in_channels, height, width, prompt_embeds.dtype, device,
+                                   generator)
+    time_ids = pipe._get_add_time_ids((height, width), (0, 0), (height, width), dtype=prompt_embeds.dtype,
                                       text_encoder_projection_dim=pipe.text_encoder_2.config.projection_dim)
     time_ids = time_ids.to(device).repeat(batch_size, 1)
     if cfg:
@@ -310,10 +330,12 @@ def denoiser_inputs(
         pooled = torch.cat([negative_pooled, pooled])
         time_ids = torch.cat([time_ids, time_ids])
     return {
-        "sample": scheduler.scale_model_input(latents, timestep).to(dtype),
+        "sample": scheduler.scale_model_input(latents, timestep),
         "timestep": timestep,
-        "encoder_hidden_states": prompt_embeds.to(dtype),
-        "added_cond_kwargs": {"text_embeds": pooled.to(dtype), "time_ids": time_ids.to(dtype)},
+        "encoder_hidden_states": prompt_embeds.to(device),
+        "timestep_cond": None,
+        "cross_attention_kwargs": None,
+        "added_cond_kwargs": {"text_embeds": pooled.to(device), "time_ids": time_ids},
         "return_dict": False,
     }
 

@@ -48,12 +48,17 @@ def encode_call(pipe: Any, run: Run) -> Callable[[], Any]:
 
 
 def denoiser_call(pipe: Any, inputs: dict[str, Any], module: torch.nn.Module | None = None) -> Callable[[], Any]:
-    """A callable running one denoiser forward (module defaults to the pipeline's own denoiser)."""
+    """A callable running one denoiser forward as the pipeline calls it (module defaults to the pipeline's own).
+
+    SDXL's pipeline passes the UNet's `sample` and `timestep` positionally and the rest by name; a compiled
+    module guards on that, so calling it the same way lets the pipeline reuse the graph."""
     net = module if module is not None else pipelines.denoiser(pipe)
+    positional = [k for k in ("sample", "timestep") if "sample" in inputs]
+    named = {k: v for k, v in inputs.items() if k not in positional}
 
     @torch.inference_mode()
     def call() -> Any:
-        return net(**inputs)
+        return net(*(inputs[k] for k in positional), **named)
     return call
 
 

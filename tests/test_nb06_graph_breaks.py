@@ -57,7 +57,7 @@ def test_graph_break_rows(tmp_path):
 
 
 @pytest.mark.parametrize("knob, value, allowed", [
-    ("LOG_LINES", 0, r"LOG_LINES=0 is not allowed; use a positive integer"),
+    ("LOG_LINES", 0, r"LOG_LINES=0 must be a positive integer"),
     ("MODEL", "sdxl", r"MODEL='sdxl' is not allowed; choose one of: 'flux-dev'"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):

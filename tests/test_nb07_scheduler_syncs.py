@@ -59,7 +59,7 @@ def test_scheduler_sync_rows(tmp_path):
 
 @pytest.mark.parametrize("knob, value, message", [
     ("PLACEMENTS", ["gpu"], r"PLACEMENTS contains \['gpu'\]; each entry must be one of: 'device', 'cpu'"),
-    ("STEPS", 0, r"STEPS=\[0\] must be a non-empty list of positive integers"),
+    ("STEPS", 0, r"STEPS=0 must be a positive integer"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
     with pytest.raises(Exception, match=message):

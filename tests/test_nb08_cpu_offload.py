@@ -91,7 +91,7 @@ def test_offload_rows(tmp_path):
 @pytest.mark.parametrize("knob, value, allowed", [
     ("OFFLOAD_MODES", ["disk"], "'model', 'sequential', 'group_block', 'group_leaf'"),
     ("VARIANTS", ["max-autotune"], "'eager', 'regional'"),
-    ("OFFLOAD_REPEATS", -1, "positive integers"),
+    ("OFFLOAD_REPEATS", -1, "must be a positive integer"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
     with pytest.raises(Exception, match=f"{knob}.*{allowed}"):

@@ -42,6 +42,19 @@ def test_list_knobs():
             params.check_positive_ints("RESOLUTIONS", bad, 16)
     with pytest.raises(params.ParameterError, match="'default'"):
         params.check_subset("MODES", ["turbo"], ["default", "max-autotune"])
+    with pytest.raises(params.ParameterError, match="positive integers$"):
+        params.check_positive_ints("RANKS", [4, True])  # a bool is not a rank
+
+
+def test_scalar_knobs():
+    assert params.check_positive_int("STEPS", 2) == 2
+    for bad in (0, -1, 2.0, "2", True, None):
+        with pytest.raises(params.ParameterError, match=r"STEPS=.* must be a positive integer"):
+            params.check_positive_int("STEPS", bad)
+    assert params.check_choice("FLAG", False, (True, False)) is False
+    for bad in (1, 0, "True"):  # 1 == True in Python, but 1 is not a choice of a flag
+        with pytest.raises(params.ParameterError, match="choose one of: True, False"):
+            params.check_choice("FLAG", bad, (True, False))
 
 
 def _snapshot():

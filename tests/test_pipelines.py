@@ -12,7 +12,7 @@ import torch
 from diffusers import FluxPipeline
 from transformers import CLIPTokenizer, T5TokenizerFast
 
-from helpers import paths, pipelines
+from helpers import compile_tools, paths, pipelines, workloads
 
 # Published sizes of the real components (parameters).
 PUBLISHED = {
@@ -140,6 +140,8 @@ def test_denoiser_forward_on_denoiser_inputs(model, dtype):
               if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if model == "sdxl":  # the pipeline hands the UNet the scheduler's fp32 timestep (946 is 944 in bf16)
         assert floats.pop("timestep").dtype == torch.float32
+    else:  # FluxPipeline builds guidance in fp32; the transformer casts it (3.5 * 1000 rounds to 3504 in bf16)
+        assert floats.pop("guidance").dtype == torch.float32
     assert {k: v.dtype for k, v in floats.items()} == {k: DTYPES[dtype] for k in floats}
 
 
@@ -149,6 +151,74 @@ def test_denoiser_inputs_batch_and_text_length(smoke_fp32):
     assert flux["hidden_states"].shape == (2, 128, 64) and flux["encoder_hidden_states"].shape == (2, 64, 32)
     sdxl = pipelines.denoiser_inputs(smoke_fp32["sdxl"], height=128, width=128, batch_size=3, guidance=1.0)
     assert sdxl["sample"].shape == (3, 4, 16, 16)  # guidance 1: no classifier-free doubling
+
+
+def _describe(value: object) -> object:
+    """What dynamo guards on for one argument: tensor metadata, recursively through dicts; other values as is."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad,
+                value.is_inference())
+    if isinstance(value, dict):
+        return {k: _describe(v) for k, v in value.items()}
+    return value
+
+
+def _first_denoiser_call(pipe, model: str, batch_size: int) -> dict:
+    """The arguments the pipeline's own first denoiser call gets (SDXL's positional sample, timestep by name)."""
+    net, seen = pipelines.denoiser(pipe), []
+
+    def spy(*args, **kwargs):
+        seen.append({**dict(zip(("sample", "timestep"), args)), **kwargs})
+        raise StopIteration  # one call is all we need
+
+    net.forward = spy
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        with torch.inference_mode(), pytest.raises(StopIteration):  # as workloads.pipeline_call runs it
+            pipe([pipelines.PROMPT] * batch_size, height=128, width=128, num_inference_steps=2,
+                 output_type="latent", **_kwargs(model))
+    finally:
+        del net.forward
+    return seen[0]
+
+
+@pytest.mark.parametrize(("model", "batch_size"), [("flux-dev", 1), ("flux-dev", 2), ("sdxl", 1)])
+def test_denoiser_inputs_are_what_the_pipeline_passes(model, batch_size):
+    """Same keys in the same order, and every tensor with the pipeline's dtype, shape, strides and tensor kind
+    (Flux's guidance is the pipeline's fp32 `full([1]).expand(batch)`: stride 0 for a batch of 2)."""
+    pipe = pipelines.build_pipeline(model, "smoke", dtype=torch.bfloat16)
+    passed = _first_denoiser_call(pipe, model, batch_size)
+    ours = pipelines.denoiser_inputs(pipe, height=128, width=128, batch_size=batch_size, **_kwargs(model))
+    assert list(ours) == list(passed)
+    assert _describe(ours) == _describe(passed)
+    if model == "flux-dev":
+        assert ours["guidance"].stride() == ((0,) if batch_size > 1 else (1,))
+        assert torch.equal(ours["timestep"], passed["timestep"])  # sigma 1 at the first step
+        assert torch.equal(ours["guidance"], passed["guidance"])
+
+
+@pytest.mark.parametrize("model", pipelines.MODELS)
+def test_denoiser_compiled_on_denoiser_inputs_serves_the_pipeline_without_recompiling(model):
+    """Compile (dynamo only: backend eager) on workloads.denoiser_call(denoiser_inputs), then run the pipeline:
+    no new graph (SDXL's pipeline passes sample and timestep positionally, and denoiser_call does too)."""
+    pipe = pipelines.build_pipeline(model, "smoke", dtype=torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True)
+    net = pipelines.denoiser(pipe)
+    step = workloads.denoiser_call(pipe, pipelines.denoiser_inputs(pipe, height=128, width=128, **_kwargs(model)))
+    compile_tools.reset()
+    net.compile(fullgraph=True, backend="eager")
+    try:
+        with torch.inference_mode():
+            with compile_tools.counting() as first:
+                step()
+            with compile_tools.counting() as later, compile_tools.error_on_recompile():
+                pipe(pipelines.PROMPT, height=128, width=128, num_inference_steps=2, output_type="latent",
+                     **_kwargs(model))
+    finally:
+        compile_tools.uncompile(net)
+        compile_tools.reset()
+    assert first.graphs == 1 and first.graph_breaks == 0
+    assert later.graphs == 0
 
 
 @pytest.mark.parametrize("model", pipelines.MODELS)
