@@ -26,7 +26,9 @@ class CompileCounts:
     """What dynamo did inside a `counting()` block: graphs compiled, ops traced, and graph breaks with their reasons.
 
     Breaks are read from both of dynamo's counter keys: most land under `graph_break`, but torch 2.13 files some
-    (a Python `if` on a tensor value) only under `unimplemented`; `unimplemented` holds that key's share.
+    only under `unimplemented`: a Python `if` on a tensor value, and a break inside a frame dynamo then gives up
+    on (a break in a loop or a try block), which can be counted there twice (its reason and "graph break in
+    loop"); `unimplemented` holds that key's share.
     cache_hits / cache_misses add up inductor's FX-graph cache and AOTAutograd's cache lookups: a cold compile
     has hits == 0."""
 
