@@ -2,8 +2,11 @@
 
 The parent side (`measure_fresh`) starts `python -m helpers.coldstart ...` with TORCHINDUCTOR_CACHE_DIR and
 TRITON_CACHE_DIR pointing at a folder it chooses (a new empty one for a cold start). The child builds the
-pipeline, runs the denoiser once eagerly for reference, compiles it one way, times the first (compiling) call
-and the steady calls, optionally saves or loads portable compile artifacts, and prints one JSON line back.
+pipeline, runs the denoiser once eagerly for reference and times steady eager calls, optionally loads portable
+compile artifacts, compiles the denoiser one way, times the first (compiling) call with the compile caches'
+hits and misses, times the steady calls, profiles a few more (where the host time of the fastest goes: compiled
+graphs, their wrappers, guard lookups, eager ops between compiled regions), optionally saves the artifacts, and
+prints one JSON line back.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +48,8 @@ class Workload:
 
 @dataclass
 class ColdStart:
-    """One fresh process: compile seconds of the first call, steady latency, parity and what dynamo compiled."""
+    """One fresh process: eager and compiled steady latency, compile seconds of the first call with its compile-cache
+    hits and misses, parity, what dynamo compiled, one profiled step, and the process's CUDA peak (0 on a CPU)."""
 
     how: str
     first_call_s: float
@@ -59,14 +64,74 @@ class ColdStart:
     startup_s: float
     cache_dir: str
     timing_method: str = ""
+    eager_samples_s: list[float] = field(default_factory=list)
+    first_call_cache_hits: int = 0
+    first_call_cache_misses: int = 0
+    artifacts_load_s: float = 0.0
+    step_profile: dict[str, float] = field(default_factory=dict)
+    cuda_peak_bytes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def steady_median_s(self) -> float:
         """Median of the steady (already compiled) calls."""
-        s = sorted(self.steady_samples_s)
-        n = len(s)
-        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+        return _median(self.steady_samples_s)
+
+    @property
+    def eager_median_s(self) -> float:
+        """Median of the steady eager calls timed in the same process before compiling."""
+        return _median(self.eager_samples_s)
+
+    @property
+    def speedup_vs_eager(self) -> float:
+        """Eager steady latency over compiled steady latency, both timed in this process."""
+        return self.eager_median_s / self.steady_median_s
+
+
+def _median(samples: list[float]) -> float:
+    """Median of a non-empty list."""
+    s = sorted(samples)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+# Profiler event names (torch 2.13): a call of compiled code, the compiled graph inside it, dynamo's guard lookup.
+REGION_EVENT = "Torch-Compiled Region"
+GRAPH_EVENT = "## Call CompiledFxGraph"
+GUARD_EVENT = "TorchDynamo Cache Lookup"
+
+
+def step_profile(fn: Callable[[], Any], device: Any, *, calls: int = 3) -> dict[str, float]:
+    """Profile `calls` calls of fn and split the host (CPU-side) time of the fastest one: compiled regions entered,
+    time inside their compiled graphs, in the regions' wrappers around those graphs, in dynamo's guard lookups, and
+    in eager aten ops run outside any compiled region (the uncompiled code between regions). Seconds; the profiler
+    adds its own cost per recorded op, so compare the parts with each other, not with unprofiled timings."""
+    from torch.profiler import ProfilerActivity
+
+    from helpers import measure
+
+    def seconds(events: list[Any]) -> float:
+        return sum(e.time_range.elapsed_us() for e in events) / 1e6
+
+    profiles = []
+    for _ in range(calls):
+        with measure.quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
+            measure.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            measure.synchronize(device)
+            wall = time.perf_counter() - t0
+        events = prof.events()
+        top = [e for e in events if e.cpu_parent is None]
+        regions = [e for e in top if e.name.startswith(REGION_EVENT)]
+        graphs = [e for e in events if e.name.startswith(GRAPH_EVENT)]
+        guards = [e for e in top if e.name.startswith(GUARD_EVENT)]
+        eager = [e for e in top if e.name.startswith("aten::")]
+        profiles.append({"wall_s": wall, "region_calls": len(regions), "graph_s": seconds(graphs),
+                         "region_wrapper_s": seconds(regions) - seconds(graphs), "guard_calls": len(guards),
+                         "guard_s": seconds(guards), "eager_ops_outside": len(eager),
+                         "eager_ops_outside_s": seconds(eager)})
+    return min(profiles, key=lambda p: p["wall_s"])
 
 
 def fresh_cache_dir(prefix: str = "coldstart-") -> Path:
@@ -130,7 +195,7 @@ def measure_fresh(work: Workload, how: str, cache_dir: Path, *, repeats: int, wa
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
-    """Inside the fresh process: build, reference eager call, compile, time first and steady calls."""
+    """Inside the fresh process: build, eager reference and timing, compile, time first and steady calls, profile."""
     t_start = time.perf_counter()
     import torch
 
@@ -144,26 +209,30 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     inputs = pipelines.denoiser_inputs(pipe, height=work.height, width=work.width, guidance=work.guidance,
                                        max_sequence_length=work.max_sequence_length, seed=work.seed)
     net = pipelines.denoiser(pipe)
-    with torch.inference_mode():
-        reference = net(**inputs)[0]
-    loaded = False
+
+    def call() -> Any:
+        with torch.inference_mode():
+            return net(**inputs)[0]
+
+    reference = call()
+    eager = measure.time_callable(call, device, repeats=args.repeats, warmup=args.warmup)
+    loaded, load_s = False, 0.0
     if args.load_artifacts:
+        t0 = time.perf_counter()
         loaded = torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes()) is not None
+        load_s = time.perf_counter() - t0
     if args.how == "full":
         net.compile(fullgraph=True)
     else:
         net.compile_repeated_blocks(fullgraph=True)
     startup = time.perf_counter() - t_start
 
-    def call() -> Any:
-        with torch.inference_mode():
-            return net(**inputs)[0]
-
     with compile_tools.precision_casts(args.emulate_precision_casts):
         with compile_tools.counting() as first:
             first_s, out = measure.first_call_seconds(call, device)
         with compile_tools.counting() as later:
             timing = measure.time_callable(call, device, repeats=args.repeats, warmup=args.warmup)
+            profiled = step_profile(call, device, calls=args.repeats)
     saved = 0
     if args.save_artifacts:
         artifacts = torch.compiler.save_cache_artifacts()
@@ -173,7 +242,10 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     return {"how": args.how, "first_call_s": first_s, "steady_samples_s": list(timing.samples_s),
             "rel_error": compile_tools.relative_error(out, reference), "graphs": first.graphs,
             "ops_captured": first.ops_captured, "recompiles_after_first": later.graphs, "artifacts_loaded": loaded,
-            "artifacts_saved_bytes": saved, "startup_s": startup, "timing_method": timing.method}
+            "artifacts_saved_bytes": saved, "startup_s": startup, "timing_method": timing.method,
+            "eager_samples_s": list(eager.samples_s), "first_call_cache_hits": first.cache_hits,
+            "first_call_cache_misses": first.cache_misses, "artifacts_load_s": load_s, "step_profile": profiled,
+            "cuda_peak_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else 0}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -101,9 +101,43 @@ def test_coldstart_cache_env_and_fresh_dir(tmp_path):
         coldstart.measure_fresh(w, "everything", tmp_path, repeats=1, warmup=0, emulate_precision_casts=False)
     r = coldstart.ColdStart(how="full", first_call_s=1.0, steady_samples_s=[3.0, 1.0, 2.0, 9.0], rel_error=0.0,
                             graphs=1, ops_captured=10, recompiles_after_first=0, artifacts_loaded=False,
-                            artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path))
-    assert r.steady_median_s == 2.5
+                            artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path),
+                            eager_samples_s=[6.0, 4.0, 5.0])
+    assert r.steady_median_s == 2.5 and r.eager_median_s == 5.0 and r.speedup_vs_eager == 2.0
     assert json.loads(json.dumps(r.__dict__))["how"] == "full"
+
+
+class Stack(torch.nn.Module):
+    """Three repeated blocks with eager code around them, like a denoiser's embeddings and output projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Tiny() for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 1
+        for block in self.blocks:
+            x = block(x)
+        return x.sum(-1)
+
+
+def test_step_profile_counts_regions_guards_and_eager_ops_between_them():
+    x, cpu = torch.randn(2, 4), torch.device("cpu")
+    compile_tools.reset()
+    whole = Stack()
+    whole.compile(fullgraph=True, backend="eager")
+    whole(x)
+    p = coldstart.step_profile(lambda: whole(x), cpu, calls=2)
+    assert p["region_calls"] == p["guard_calls"] == 1 and p["eager_ops_outside"] == 0, p
+    regional = Stack()
+    for block in regional.blocks:
+        block.compile(fullgraph=True, backend="eager")
+    regional(x)
+    p = coldstart.step_profile(lambda: regional(x), cpu, calls=2)
+    assert p["region_calls"] == p["guard_calls"] == 3, p
+    assert p["eager_ops_outside"] == 2 and p["eager_ops_outside_s"] > 0, p  # x + 1 and the sum, outside the blocks
+    assert p["wall_s"] >= p["graph_s"] + p["region_wrapper_s"] + p["guard_s"] + p["eager_ops_outside_s"] > 0, p
+    compile_tools.reset()
 
 
 def test_counting_sees_a_data_dependent_branch():
