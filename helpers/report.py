@@ -50,7 +50,7 @@ def _published_value(pub: pd.DataFrame, source: str, scenario: str, metric: str)
 def _measured_value(rows: pd.DataFrame, scenario: str, field: str) -> float | None:
     """The measured field of the named scenario, or None when absent or not ok."""
     hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
-    if hit.empty or pd.isna(hit[field].iloc[-1]):
+    if hit.empty or field not in hit or pd.isna(hit[field].iloc[-1]):
         return None
     return float(hit[field].iloc[-1])
 

@@ -112,6 +112,24 @@ def test_a_higher_compile_ratio_is_better():
     assert t.loc["regional-cold-compile-ratio", "verdict"] == "better than published"  # 14x vs 7.0x
     assert t.loc["regional-warm-start-ratio", "verdict"] == "better than published"  # 10x vs 4.0x
     assert t.loc["full-cold-compile-latency", "verdict"] == "within ±50%"
+    # rows without a latency column: the steady-step comparison is not measured, not an error
+    assert t.loc["regional-steady-ratio", "verdict"] == "not measured: scenario missing or not ok"
+
+
+def test_regional_steady_step_is_compared_with_the_published_equal_latency():
+    """Published: regional and full compile both 4.5 s, so 1.00x; a lower measured ratio is better."""
+    def rows(full_s: float, regional_s: float) -> pd.DataFrame:
+        return pd.DataFrame([{"hardware": "h100-80gb", "notebook": "04_regional_compilation", "profile": "full",
+                              "model": "flux-dev", "scenario": sc, "status": "ok", "compile_s": 1.0,
+                              "latency_median_s": v}
+                             for sc, v in (("full compile (cold cache)", full_s),
+                                           ("regional compile (cold cache)", regional_s))])
+    t = report.compare(rows(0.100, 0.105), "04_regional_compilation").set_index("comparison")
+    assert t.loc["regional-steady-ratio", "published"] == "1.00x"
+    assert t.loc["regional-steady-ratio", "measured / published"] == pytest.approx(1.05)
+    assert t.loc["regional-steady-ratio", "verdict"] == "within ±15%"
+    t = report.compare(rows(0.100, 0.130), "04_regional_compilation").set_index("comparison")
+    assert t.loc["regional-steady-ratio", "verdict"] == "worse than published"
 
 
 def test_every_published_figure_is_compared_or_explained():
