@@ -114,25 +114,66 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@functools.lru_cache(maxsize=8)
-def measure_matmul_peak(device_str: str, dtype: torch.dtype = torch.bfloat16) -> float:
-    """Measured dense matmul throughput (TFLOP/s) on device in dtype: the best of several timed runs."""
-    device = torch.device(device_str)
-    n = 8192 if device.type == "cuda" else 1024
+# Square matmul sizes tried for the peak. On a GPU one large size saturates the tensor cores. On a CPU the best
+# size depends on the kernel PyTorch picks for the dtype: oneDNN/MKL's blocked kernels are fastest at the largest
+# size, but a dtype the CPU has no native instructions for (bf16 or fp16 on an AVX2-only processor) runs an
+# unblocked fallback whose throughput collapses once the operands leave the cache, so several sizes are timed.
+CPU_SIZES: tuple[int, ...] = (128, 256, 512, 1024)
+CPU_BUDGET_S = 0.5  # timed seconds per size on a CPU, at least one call
+SLOW_CALL_S = 1.0  # on a CPU, a size whose one call takes longer than this is the last one tried
+
+
+@dataclass(frozen=True)
+class MatmulPeak:
+    """Measured dense matmul throughput and how it was measured."""
+
+    tflops: float
+    size: int
+    note: str
+
+
+def _time_matmul(n: int, device: torch.device, dtype: torch.dtype, rounds: int, reps: int | None) -> float:
+    """Best seconds per call of an n x n x n matmul over rounds of reps calls (reps=None: what fits the CPU budget)."""
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    for _ in range(3):
-        a @ b
+    start = time.perf_counter()
+    a @ b  # warm-up: picks and loads the kernel
     _sync(device)
-    reps, best = (20 if device.type == "cuda" else 3), float("inf")
-    for _ in range(5):
+    first = time.perf_counter() - start
+    if reps is None:  # CPU: about the budget in all; a call slower than SLOW_CALL_S is timed once, by its warm-up
+        if first > SLOW_CALL_S:
+            return first
+        reps = max(1, int(CPU_BUDGET_S / rounds / max(first, 1e-6)))
+    best = float("inf")
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(reps):
             a @ b
         _sync(device)
         best = min(best, (time.perf_counter() - start) / reps)
-    return 2 * n**3 / best / 1e12
+    return best
+
+
+@functools.lru_cache(maxsize=8)
+def measure_matmul_peak(device_str: str, dtype: torch.dtype = torch.bfloat16) -> MatmulPeak:
+    """Measured dense matmul throughput (TFLOP/s) on device in dtype: the best timed size and run."""
+    device = torch.device(device_str)
+    dname = str(dtype).replace("torch.", "")
+    if device.type == "cuda":
+        n = 8192
+        seconds = _time_matmul(n, device, dtype, rounds=5, reps=20)
+        return MatmulPeak(2 * n**3 / seconds / 1e12, n, f"best of 5 x 20 runs of an 8192^3 {dname} matmul (cuBLAS)")
+    timed: dict[int, float] = {}
+    for n in CPU_SIZES:
+        seconds = _time_matmul(n, device, dtype, rounds=3, reps=None)
+        timed[n] = 2 * n**3 / seconds / 1e12
+        if seconds > SLOW_CALL_S:
+            break
+    n = max(timed, key=timed.get)
+    tried = ", ".join(f"{k}^3: {v * 1e3:.3g}" for k, v in timed.items())
+    return MatmulPeak(timed[n], n, f"best {dname} matmul over square sizes on {torch.get_num_threads()} CPU threads, "
+                                   f"each timed for ~{CPU_BUDGET_S:g} s (GFLOP/s {tried})")
 
 
 def environment_card(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> EnvironmentCard:
@@ -140,11 +181,6 @@ def environment_card(device: torch.device, dtype: torch.dtype = torch.bfloat16) 
     is_cuda = device.type == "cuda"
     props = torch.cuda.get_device_properties(device) if is_cuda else None
     peak = measure_matmul_peak(str(device), dtype)
-    dname = str(dtype).replace("torch.", "")
-    note = (
-        f"best of 5 x 20 runs of an 8192^3 {dname} matmul (cuBLAS)" if is_cuda
-        else f"best of 5 x 3 runs of a 1024^3 {dname} matmul on {torch.get_num_threads()} CPU threads"
-    )
     return EnvironmentCard(
         hardware=hardware_slug(device),
         device=str(device),
@@ -157,7 +193,7 @@ def environment_card(device: torch.device, dtype: torch.dtype = torch.bfloat16) 
         cudnn=str(torch.backends.cudnn.version()) if is_cuda else "none",
         versions=library_versions(),
         git_rev=git_revision(),
-        peak_tflops=round(peak, 3),
-        peak_dtype=dname,
-        peak_note=note,
+        peak_tflops=float(f"{peak.tflops:.4g}"),
+        peak_dtype=str(dtype).replace("torch.", ""),
+        peak_note=peak.note,
     )

@@ -161,6 +161,29 @@ def _allocation_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
     return peak, out
 
 
+# Ops that only hand out memory for the op that called them: allocations are credited to that caller instead.
+ALLOCATOR_OPS: frozenset[str] = frozenset({
+    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
+    "aten::resize_", "aten::zeros", "aten::zero_", "aten::fill_",
+})
+
+
+def cpu_allocations_by_op(fn: Callable[[], Any]) -> tuple[dict[str, int], Any]:
+    """Run fn once under the profiler; CPU bytes each op allocated (net of what it freed itself), largest first."""
+    _prime_allocation_tracking()
+    with quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+    by_op: dict[str, int] = {}
+    for e in prof.events():
+        if e.self_cpu_memory_usage <= 0:
+            continue
+        owner = e
+        while owner.name in ALLOCATOR_OPS and owner.cpu_parent is not None:
+            owner = owner.cpu_parent
+        by_op[owner.name] = by_op.get(owner.name, 0) + e.self_cpu_memory_usage
+    return dict(sorted(((k, v) for k, v in by_op.items() if v > 0), key=lambda kv: -kv[1])), out
+
+
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, Any]:
     """Run fn once and return the peak memory it reached (CUDA allocator; on CPU, bytes allocated by the call)."""
     gc.collect()

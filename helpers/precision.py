@@ -40,6 +40,20 @@ def tf32_unavailable_reason(device: torch.device) -> str:
     return ""
 
 
+def native_half_reason(device: torch.device, name: str) -> str:
+    """'' when device computes in the named 16-bit format natively, else why not (CPUs without bf16/fp16 instructions)."""
+    if device.type == "cuda" or name not in ("bf16", "fp16"):
+        return ""
+    supported = (torch.ops.mkldnn._is_mkldnn_bf16_supported if name == "bf16"
+                 else torch.ops.mkldnn._is_mkldnn_fp16_supported)()
+    if supported:
+        return ""
+    needs = "AVX512-BF16 or AMX" if name == "bf16" else "AVX512-FP16 or AMX-FP16"
+    return (f"this CPU has no {name} instructions for oneDNN to use ({needs}), so PyTorch runs {name} convolutions "
+            f"and matmuls through fallback kernels; the convolution fallback (aten::_slow_conv2d_forward) unfolds "
+            f"each input into an im2col buffer")
+
+
 def tf32_settings() -> dict[str, Any]:
     """The current global switches that decide whether fp32 matmuls and convolutions may use TF32."""
     return {"float32_matmul_precision": torch.get_float32_matmul_precision(),

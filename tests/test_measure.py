@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from helpers import environment, measure
+from helpers import environment, measure, precision
 
 CPU = torch.device("cpu")
 
@@ -75,3 +75,40 @@ def test_hardware_slug(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_a, n=name: n)
         got = environment.hardware_slug(torch.device("cuda"))
         assert got == slug, (name, got)
+
+
+def test_cpu_allocations_are_credited_to_the_op_that_asked_for_them():
+    conv, x = torch.nn.Conv2d(8, 8, 3, padding=1), torch.randn(1, 8, 32, 32)
+    with torch.inference_mode():
+        by_op, out = measure.cpu_allocations_by_op(lambda: conv(x) * 2)
+    assert out.shape == (1, 8, 32, 32)
+    assert list(by_op.values()) == sorted(by_op.values(), reverse=True) and all(v > 0 for v in by_op.values())
+    assert not set(by_op) & measure.ALLOCATOR_OPS, f"allocator ops are credited to their callers: {by_op}"
+    # the product's fp32 output, net of the wrapped scalar 2 that mul frees before it returns
+    assert by_op["aten::mul"] == pytest.approx(out.numel() * 4, abs=16), by_op
+    assert any("conv" in op for op in by_op), by_op
+
+
+def test_bf16_convolution_fallback_on_a_cpu_without_bf16_instructions():
+    """Where oneDNN has no bf16 path, a bf16 convolution runs the im2col fallback, which allocates its buffers."""
+    reason = precision.native_half_reason(CPU, "bf16")
+    assert precision.native_half_reason(torch.device("cuda"), "bf16") == ""
+    assert precision.native_half_reason(CPU, "fp32") == ""
+    conv, x = torch.nn.Conv2d(8, 8, 3, padding=1).bfloat16(), torch.randn(1, 8, 32, 32, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        by_op, _ = measure.cpu_allocations_by_op(lambda: conv(x))
+    if reason:
+        assert "slow_conv2d" in reason and next(iter(by_op)) == "aten::_slow_conv2d_forward", by_op
+        assert by_op["aten::_slow_conv2d_forward"] >= 9 * x.numel() * 2, "3x3 im2col: 9 copies of the input"
+    else:
+        assert "aten::_slow_conv2d_forward" not in by_op, by_op
+
+
+def test_cpu_matmul_peak_tries_several_sizes_and_names_them(monkeypatch):
+    monkeypatch.setattr(environment, "CPU_SIZES", (64, 128))
+    monkeypatch.setattr(environment, "CPU_BUDGET_S", 0.05)
+    environment.measure_matmul_peak.cache_clear()
+    peak = environment.measure_matmul_peak("cpu", torch.float32)
+    environment.measure_matmul_peak.cache_clear()
+    assert peak.tflops > 0 and peak.size in (64, 128)
+    assert "64^3" in peak.note and "128^3" in peak.note and "CPU threads" in peak.note

@@ -29,9 +29,17 @@ def _check(nb, model):
     assert w["fp32"] == 2 * w["bf16"] == 2 * w["fp16"] > 0
     dw = {d: step[d]["extra"]["denoiser_weight_bytes"] for d in step}
     assert dw["fp32"] == 2 * dw["bf16"] == 2 * dw["fp16"] > 0
-    # memory: the bf16 pipeline peaks lower than fp32 (on a CPU: the bytes the call allocates); fp16 is not
-    # asserted (SDXL's VAE is upcast to fp32 inside the call)
-    assert pipe["bf16"]["peak_memory_bytes"] < pipe["fp32"]["peak_memory_bytes"]
+    # memory: the bf16 pipeline peaks lower than fp32 (on a CPU: the bytes the call allocates) where bf16 is
+    # native; on a CPU without bf16 instructions a higher bf16 peak must come from the im2col convolution
+    # fallback; fp16 is not asserted (SDXL's VAE is upcast to fp32 inside the call)
+    lower = pipe["bf16"]["peak_memory_bytes"] < pipe["fp32"]["peak_memory_bytes"]
+    top = pipe["bf16"]["extra"]["top_allocators"]
+    assert top and all(v > 0 for v in top.values()), "a CPU run lists who allocated its working memory"
+    if pipe["bf16"]["extra"]["not_native_reason"] == "":
+        assert lower
+    else:
+        assert lower or next(iter(top)) == "aten::_slow_conv2d_forward", top
+        assert "bf16 is not native here" in nb.text(), "the notebook says why bf16 behaves differently here"
     # drift: fp32 reruns bitwise equal; half precision small (< 25 unit roundoffs), nonzero, fp16 < bf16
     assert step["fp32"]["extra"]["rel_l2"] == 0 and step["fp32"]["extra"]["max_abs"] == 0
     assert step["fp32"]["extra"]["rel_l2_exact_guidance"] == 0
