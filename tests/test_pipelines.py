@@ -230,10 +230,20 @@ def test_save_and_reload_through_weights_folder(model, smoke_fp32, tmp_path, mon
     assert type(again) is type(pipe)
     inputs = pipelines.denoiser_inputs(pipe, height=128, width=128, max_sequence_length=32)
     inputs_again = pipelines.denoiser_inputs(again, height=128, width=128, max_sequence_length=32)
+    net, net_again = pipelines.denoiser(pipe), pipelines.denoiser(again)
+    weights, weights_again = net.state_dict(), net_again.state_dict()
+    assert weights.keys() == weights_again.keys()
+    assert all(torch.equal(weights[k], weights_again[k]) for k in weights), "the saved weights come back unchanged"
     with torch.no_grad():
-        out = pipelines.denoiser(pipe)(**inputs)[0]
-        out_again = pipelines.denoiser(again)(**inputs)[0]
-    assert torch.equal(out, out_again)
+        out = net(**inputs)[0]
+        out_again = net_again(**inputs)[0]
+        # from_pretrained maps the safetensors file, so a reloaded weight may start off a 64-byte boundary; on
+        # some CPUs (AVX2-only) the fp32 kernels then add in another order and the last bits differ. Equal
+        # within fp32 rounding as loaded, and bit for bit once the weights are copied to aligned memory.
+        torch.testing.assert_close(out_again, out, rtol=1e-5, atol=1e-5)
+        for p in net_again.parameters():
+            p.data = p.data.clone()
+        assert torch.equal(out, net_again(**inputs)[0])
     for key, value in inputs.items():  # the reloaded text encoders and tokenizers encode identically
         if isinstance(value, torch.Tensor):
             assert torch.equal(value, inputs_again[key]), key
