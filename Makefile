@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 ## make test: helper unit tests, every notebook on the smoke profile (papermill), hygiene, browser test
 test: venv browser-deps
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=15
 
 ## make test-fast: everything except the notebook and browser runs
 test-fast: venv
