@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,24 +76,17 @@ class ColdStart:
     @property
     def steady_median_s(self) -> float:
         """Median of the steady (already compiled) calls."""
-        return _median(self.steady_samples_s)
+        return statistics.median(self.steady_samples_s)
 
     @property
     def eager_median_s(self) -> float:
         """Median of the steady eager calls timed in the same process before compiling."""
-        return _median(self.eager_samples_s)
+        return statistics.median(self.eager_samples_s)
 
     @property
     def speedup_vs_eager(self) -> float:
         """Eager steady latency over compiled steady latency, both timed in this process."""
         return self.eager_median_s / self.steady_median_s
-
-
-def _median(samples: list[float]) -> float:
-    """Median of a non-empty list."""
-    s = sorted(samples)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 # Profiler event names (torch 2.13): a call of compiled code, the compiled graph inside it, dynamo's guard lookup.
