@@ -10,10 +10,16 @@ RES = (128, 256, 512)
 TOL_BF16 = 3e-2
 
 
-def test_attention_rows(tmp_path):
-    nb = run_notebook("02_attention_sdpa", tmp_path)
+# tokens of the largest self-attention per resolution: Flux joins 32 text tokens to (res/16)^2 image tokens;
+# SDXL's first attention level sits at half the latent's side, res/16
+TOKENS = {"flux-dev": lambda res: 32 + (res // 16) ** 2, "sdxl": lambda res: (res // 16) ** 2}
+
+
+@pytest.mark.parametrize("model", ["flux-dev", "sdxl"])
+def test_attention_rows(tmp_path, model):
+    nb = run_notebook("02_attention_sdpa", tmp_path, MODEL=model)
     rows = nb.rows
-    assert set(rows["profile"]) == {"smoke"} and set(rows["model"]) == {"flux-dev"}
+    assert set(rows["profile"]) == {"smoke"} and set(rows["model"]) == {model}
     assert set(rows["run_id"]) == {rows["run_id"].iloc[0]}
     for res in RES:
         for impl in ("naive", "sdpa-math", "sdpa-flash"):  # what a CPU runs
@@ -34,10 +40,10 @@ def test_attention_rows(tmp_path):
             for what in ("step", "attention only"):
                 row = nb.row(f"{what} {impl} @{res}")
                 assert row["status"] == "skipped" and "cpu" in row["reason"], row["reason"]
-    # the score matrix grows with the square of the tokens (Flux: text tokens + (res/16)^2 image tokens)
+    # the score matrix of the largest self-attention grows with the square of the tokens
     geo = {res: nb.row(f"step naive @{res}")["extra"] for res in RES}
     for res in RES:
-        assert geo[res]["tokens"] == 32 + (res // 16) ** 2
+        assert geo[res]["tokens"] == TOKENS[model](res)
         b, h, n, _ = geo[res]["largest_call"]
         assert geo[res]["score_matrix_bytes"] == b * h * n * n * 2  # bf16
     assert geo[512]["score_matrix_bytes"] / geo[128]["score_matrix_bytes"] == (geo[512]["tokens"] / geo[128]["tokens"]) ** 2
