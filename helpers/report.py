@@ -140,11 +140,12 @@ def tolerances(reference_dir: Path = paths.REFERENCE_DIR) -> dict[str, float]:
 
 
 def skipped(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows that were not measured (status skipped, oom or failed): hardware, notebook, scenario, status, reason."""
-    cols = ["hardware", "notebook", "scenario", "status", "reason"]
+    """Measurements whose latest row (per hardware, notebook, model, profile, scenario) is not ok, with the reason."""
+    cols = ["hardware", "notebook", "model", "scenario", "status", "reason"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
-    return rows.loc[rows["status"] != "ok", cols].sort_values(cols[:3]).reset_index(drop=True)
+    latest = rows.drop_duplicates(["hardware", "notebook", "model", "profile", "scenario"], keep="last")
+    return latest.loc[latest["status"] != "ok", cols].sort_values(cols[:4]).reset_index(drop=True)
 
 
 def key_latencies(rows: pd.DataFrame) -> pd.DataFrame:

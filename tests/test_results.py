@@ -148,3 +148,18 @@ def test_comparisons_name_their_direction():
     assert set(comps["better"]) <= {"higher", "lower"}
     assert (comps.loc[comps["kind"] == "speedup", "better"] == "higher").all()
     assert (comps.loc[comps["kind"] == "absolute", "better"] == "lower").all()
+
+
+def test_skipped_lists_each_measurement_once_by_its_latest_row():
+    def row(model: str, scenario: str, status: str, reason: str = "") -> dict:
+        return {"hardware": "cpu", "notebook": "01_dtype", "model": model, "profile": "smoke", "scenario": scenario,
+                "status": status, "reason": reason}
+    rows = pd.DataFrame([row("flux-dev", "pipeline tf32", "skipped", "needs CUDA"),
+                         row("flux-dev", "step x", "failed", "boom"),
+                         row("flux-dev", "pipeline tf32", "skipped", "needs CUDA"),  # a rerun: same gap
+                         row("sdxl", "pipeline tf32", "skipped", "needs CUDA"),  # another model: its own gap
+                         row("flux-dev", "step x", "ok")])  # fixed in the latest run: no longer a gap
+    gaps = report.skipped(rows)
+    assert gaps[["model", "scenario"]].values.tolist() == [["flux-dev", "pipeline tf32"], ["sdxl", "pipeline tf32"]]
+    assert list(gaps.columns) == ["hardware", "notebook", "model", "scenario", "status", "reason"]
+    assert report.skipped(pd.DataFrame()).empty
