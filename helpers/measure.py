@@ -164,7 +164,7 @@ def _allocation_peak(fn: Callable[[], Any]) -> tuple[int, Any]:
 # Ops that only hand out memory for the op that called them: allocations are credited to that caller instead.
 ALLOCATOR_OPS: frozenset[str] = frozenset({
     "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
-    "aten::resize_", "aten::zeros", "aten::zero_", "aten::fill_",
+    "aten::resize_", "aten::zeros",
 })
 
 
@@ -181,7 +181,7 @@ def cpu_allocations_by_op(fn: Callable[[], Any]) -> tuple[dict[str, int], Any]:
         while owner.name in ALLOCATOR_OPS and owner.cpu_parent is not None:
             owner = owner.cpu_parent
         by_op[owner.name] = by_op.get(owner.name, 0) + e.self_cpu_memory_usage
-    return dict(sorted(((k, v) for k, v in by_op.items() if v > 0), key=lambda kv: -kv[1])), out
+    return dict(sorted(by_op.items(), key=lambda kv: -kv[1])), out
 
 
 def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, Any]:
