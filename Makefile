@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-fast reproduce lab browser browser-deps clean-venv
+.PHONY: venv test test-fast reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
 
 venv: $(STAMP)
 
@@ -28,6 +28,16 @@ test-fast: venv
 ## make reproduce: run every notebook (full profile on a big enough GPU, else smoke), then the report
 reproduce: venv
 	$(PY) -m helpers.reproduce
+
+## make gpu-bundle: .whl/, the pinned wheels the GPU host lacks (Python 3.12, x86-64, < 40 MiB), with its
+## MANIFEST.txt and REVISION (the commit the host's rows will name). Run it before every GPU call.
+gpu-bundle: venv
+	$(PY) tools/gpu_bundle.py
+
+## make rehearse-gpu-env: the GPU host's environment (Python 3.12, torch 2.11 + the bundle) rebuilt on this CPU,
+## then group G1 run through tools/gpu_run.sh on the smoke profile. Must pass before a GPU run; not in make test.
+rehearse-gpu-env: gpu-bundle
+	bash tools/rehearse_gpu_env.sh
 
 ## make lab: JupyterLab on the notebooks, with the project's kernel (python3, registered in .venv by venv);
 ## `-m jupyterlab` so it is .venv's JupyterLab, not a jupyter-lab found first on PATH; as root, --allow-root.

@@ -50,13 +50,14 @@ class EnvironmentCard:
 
 
 def library_versions() -> dict[str, str]:
-    """Installed versions of the libraries that change the numbers."""
+    """Installed versions of the libraries that change the numbers, and the CUDA that torch was built with."""
     out = {}
     for name in LIBRARIES:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = "not installed"
+    out["cuda"] = torch.version.cuda or "none"
     return out
 
 
@@ -64,11 +65,18 @@ def library_versions() -> dict[str, str]:
 _RUN_OUTPUTS: tuple[str, ...] = (":(exclude)data/results", ":(exclude)figures", ":(exclude)README.md")
 
 
+# Set by the GPU run script from .whl/REVISION: the GPU host gets a copy of the working tree without .git.
+GIT_REV_ENV = "FASTDIFF_GIT_REV"
+
+
 def git_revision() -> str:
-    """Commit of the project checkout, '+dirty' when tracked code differs from it; 'unknown' outside git.
+    """Commit of the project checkout, '+dirty' when tracked code differs from it; outside git, $FASTDIFF_GIT_REV
+    (what the GPU run script read from .whl/REVISION), else 'unknown'.
 
     What runs write (data/results/, figures/, the README's generated table) does not count as a change: a rerun
     on top of committed results must still name the clean commit it ran."""
+    if not (paths.ROOT / ".git").exists():
+        return os.environ.get(GIT_REV_ENV, "unknown")
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True,

@@ -1,0 +1,247 @@
+"""One GPU run: install the wheel bundle, run a group of notebooks within the time slot, pack what they wrote.
+
+On the GPU host (the device tool runs this in a copy of the working tree, with .whl carried):
+
+    python3 -m helpers.gpu_run G1 --out "$OUT"          # or: bash tools/gpu_run.sh G1 "$OUT"
+
+Back here, unpack what came back into data/results/<hw>/ and figures/<hw>/ (rows are appended, never replaced):
+
+    .venv/bin/python -m helpers.gpu_run merge /path/to/G1.tar.gz
+
+The groups and their estimates are in docs/gpu-plan.md. This module imports only the standard library at the
+top, so that a bad group or a missing bundle is refused before anything is installed or built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BUNDLE = ROOT / ".whl"
+BUDGET_S = 540  # the device tool ends a command at 600 s; stop starting notebooks before 9 minutes
+MAX_FILE_MIB = 16  # the device tool brings back files of at most 16 MiB
+
+
+@dataclass(frozen=True)
+class Job:
+    """One notebook run of a group: its parameters beyond PROFILE and its estimated GPU seconds (docs/gpu-plan.md)."""
+
+    notebook: str
+    estimate_s: int
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """File stem of the executed copy: the notebook plus the values that make this run differ (e.g. '.sdxl')."""
+        variant = {k: v for k, v in self.parameters.items() if k == "MODEL"}
+        return self.notebook + "".join(f".{v}" for v in variant.values())
+
+
+# Priority order. Reduced full-profile settings keep each group under BUDGET_S; every such setting is a notebook
+# parameter, so it lands in the rows (steps, repeats and knobs) and on the executed notebook's card.
+GROUPS: dict[str, list[Job]] = {
+    "G1": [Job("00_setup_and_baseline", 150), Job("03_torch_compile", 300, {"MODES": ["default"]})],
+    "G2": [Job("04_regional_compilation", 420)],
+    "G3": [Job("05_dynamic_shapes", 200), Job("01_dtype", 110), Job("02_attention_sdpa", 110),
+           Job("01_dtype", 70, {"MODEL": "sdxl"}), Job("02_attention_sdpa", 50, {"MODEL": "sdxl"})],
+    "G4": [Job("06_graph_breaks", 160), Job("07_scheduler_syncs", 120), Job("10_lora_hotswap", 200)],
+    "G5": [Job("08_cpu_offload", 330, {"OFFLOAD_REPEATS": 1}), Job("09_nf4_quantization", 180)],
+}
+
+
+class UsageError(ValueError):
+    """The command line names something this script cannot run."""
+
+
+def check_group(group: str) -> list[Job]:
+    """The jobs of group, or an error naming the known groups."""
+    if group not in GROUPS:
+        raise UsageError(f"unknown group {group!r}; known groups: {', '.join(GROUPS)} (see docs/gpu-plan.md)")
+    return GROUPS[group]
+
+
+def check_bundle(bundle: Path = BUNDLE) -> list[Path]:
+    """The bundle's wheels, or an error saying how to build and carry them."""
+    wheels = sorted(bundle.glob("*.whl"))
+    if not wheels or not (bundle / "MANIFEST.txt").exists():
+        raise UsageError(f"no wheel bundle in {bundle}: build it on the development machine with `make gpu-bundle` "
+                         f"and carry it (device run: carry=['.whl'])")
+    return wheels
+
+
+def install(wheels: list[Path], site: Path) -> dict[str, str]:
+    """pip-install the wheels into site exactly as the GPU host does; the environment the notebooks must see."""
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                    "--no-cache-dir", "--upgrade", "--target", str(site), *map(str, wheels)], check=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env["MPLBACKEND"] = "Agg"
+    env["PYTHONUNBUFFERED"] = "1"
+    if not (ROOT / ".git").exists() and (BUNDLE / "REVISION").exists():
+        env["FASTDIFF_GIT_REV"] = (BUNDLE / "REVISION").read_text().strip()
+    kernels = site.parent / f"{site.name}-kernels"
+    subprocess.run([sys.executable, "-m", "ipykernel", "install", "--prefix", str(kernels), "--name", "python3"],
+                   check=True, env=env, capture_output=True)
+    env["JUPYTER_PATH"] = str(kernels / "share" / "jupyter")
+    return env
+
+
+def run_job(job: Job, profile: str, work: Path, env: dict[str, str], deadline: float) -> str:
+    """Execute one notebook with papermill in its own process group, killed at the deadline; its status line."""
+    executed = work / "executed"
+    executed.mkdir(parents=True, exist_ok=True)
+    params = {"PROFILE": profile, "RESULTS_DIR": str(work / "results"), "FIGURES_DIR": str(work / "figures")}
+    params |= job.parameters
+    pfile = work / f"{job.label}.params.json"
+    pfile.write_text(json.dumps(params))
+    cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / f"{job.notebook}.ipynb"),
+           str(executed / f"{job.label}.ipynb"), "-f", str(pfile), "--kernel", "python3",
+           "--cwd", str(ROOT / "notebooks"), "--no-progress-bar", "--log-level", "WARNING"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        rc = proc.wait(timeout=max(1.0, deadline - t0))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return f"stopped at the deadline after {time.monotonic() - t0:.0f} s (rows written so far are kept)"
+    return f"{'ok' if rc == 0 else f'FAILED (exit {rc})'} in {time.monotonic() - t0:.0f} s"
+
+
+def row_summary(results: Path) -> list[str]:
+    """One line per rows file: how many rows of each status."""
+    lines = []
+    for path in sorted(results.glob("*/*.jsonl")):
+        counts: dict[str, int] = {}
+        for line in path.read_text().splitlines():
+            if line.strip():
+                status = json.loads(line).get("status", "?")
+                counts[status] = counts.get(status, 0) + 1
+        lines.append(f"{path.parent.name}/{path.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return lines
+
+
+def pack(work: Path, out: Path, group: str) -> Path:
+    """Write results, executed notebooks and figures of the run as one archive under out."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / f"{group}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for sub in ("results", "executed", "figures"):
+            if (work / sub).exists():
+                tar.add(work / sub, arcname=sub)
+    return archive
+
+
+def run_group(group: str, out: Path, *, profile: str = "full", budget_s: float = BUDGET_S,
+              site: Path | None = None, bundle: Path = BUNDLE) -> int:
+    """Install the bundle, run the group's notebooks while time is left, pack the results; 0 when all ran ok."""
+    start = time.monotonic()
+    jobs = check_group(group)
+    wheels = check_bundle(bundle)
+    deadline = start + budget_s
+    site = site or Path(tempfile.gettempdir()) / "site"
+    env = install(wheels, site)
+    work = Path(tempfile.mkdtemp(prefix=f"gpu-run-{group}-"))
+    lines = [(f"group {group}, profile {profile}, budget {budget_s:.0f} s, revision "
+              f"{env.get('FASTDIFF_GIT_REV', 'from git')}, bundle installed in {time.monotonic() - start:.0f} s")]
+    print(lines[0], flush=True)
+    all_ok = True
+    for job in jobs:
+        left = deadline - time.monotonic()
+        if job.estimate_s > left:
+            status = f"not started: {left:.0f} s left, estimated {job.estimate_s} s (run it in the next command)"
+        else:
+            print(f"=== {job.label} {job.parameters or ''} (estimate {job.estimate_s} s, {left:.0f} s left)",
+                  flush=True)
+            status = run_job(job, profile, work, env, deadline)
+        all_ok &= status.startswith("ok")
+        lines.append(f"{job.label}: {status}")
+        print(lines[-1], flush=True)
+    lines += ["rows:"] + row_summary(work / "results")
+    archive = pack(work, out, group)
+    size = archive.stat().st_size / 2**20
+    lines.append(f"archive {archive.name}: {size:.1f} MiB{' (OVER the device tool limit)' if size > MAX_FILE_MIB else ''}"
+                 f"; total {time.monotonic() - start:.0f} s")
+    (out / f"{group}.summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(["", "summary:"] + lines), flush=True)
+    return 0 if all_ok else 1
+
+
+def merge(archive: Path, results_dir: Path | None = None, figures_dir: Path | None = None) -> list[str]:
+    """Unpack a run's archive into the project: rows appended (lines already present skipped), executed copies
+    added (an existing copy moved to executed/previous/), figures copied. Returns what was done, a line each."""
+    from helpers import paths, results  # here: the host needs no pandas before install
+
+    results_dir, figures_dir = results_dir or paths.RESULTS_DIR, figures_dir or paths.FIGURES_DIR
+    done = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tmp = Path(tmp)
+        hardware = sorted({p.parent.name for p in (tmp / "results").glob("*/*.jsonl")})
+        for path in sorted((tmp / "results").glob("*/*.jsonl")):
+            dest = results_dir / path.parent.name / path.name
+            have = set(dest.read_text().splitlines()) if dest.exists() else set()
+            new = [json.loads(line) for line in path.read_text().splitlines() if line.strip() and line not in have]
+            if new:
+                results.append_rows(dest, new)
+            done.append(f"{paths.relative(dest)}: {len(new)} rows appended")
+        if len(hardware) == 1:
+            executed = results_dir / hardware[0] / "executed"
+            for nb in sorted((tmp / "executed").glob("*.ipynb")):
+                executed.mkdir(parents=True, exist_ok=True)
+                if (executed / nb.name).exists():
+                    (executed / "previous").mkdir(exist_ok=True)
+                    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((executed / nb.name).stat().st_mtime))
+                    shutil.move(executed / nb.name, executed / "previous" / f"{nb.stem}.{stamp}.ipynb")
+                shutil.copy2(nb, executed / nb.name)
+                done.append(f"{paths.relative(executed / nb.name)}: executed copy")
+        for fig in sorted((tmp / "figures").glob("*/*")):
+            dest = figures_dir / fig.parent.name / fig.name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(fig, dest)
+            done.append(f"{paths.relative(dest)}: figure")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: `GROUP --out DIR` runs a group; `merge ARCHIVE` brings its results into the project."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("group", help=f"one of {', '.join(GROUPS)}, or 'merge'")
+    ap.add_argument("archive", nargs="?", help="merge: the .tar.gz a run wrote")
+    ap.add_argument("--out", type=Path, help="folder for the archive and summary (the device tool's $OUT)")
+    ap.add_argument("--profile", default="full", choices=("full", "smoke"), help="smoke: the CPU rehearsal")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds before no notebook is started")
+    ap.add_argument("--site", type=Path, help="where the bundle is installed (default: <tmp>/site)")
+    args = ap.parse_args(argv)
+    try:
+        if args.group == "merge":
+            if not args.archive:
+                raise UsageError("merge needs the archive a run wrote, e.g. merge /path/to/G1.tar.gz")
+            print("\n".join(merge(Path(args.archive))))
+            return 0
+        check_group(args.group)
+        if args.out is None:
+            raise UsageError("--out DIR is required (on the device machine: --out \"$OUT\")")
+        return run_group(args.group, args.out, profile=args.profile, budget_s=args.budget, site=args.site)
+    except UsageError as err:
+        print(f"gpu_run: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

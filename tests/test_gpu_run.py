@@ -1,0 +1,107 @@
+"""The GPU run script and its bundle: bad input refused before any work, groups within the slot, results merged."""
+
+import importlib.util
+import json
+import tarfile
+
+import pytest
+
+from helpers import environment, gpu_run, paths
+
+_spec = importlib.util.spec_from_file_location("gpu_bundle", paths.ROOT / "tools" / "gpu_bundle.py")
+gpu_bundle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_bundle)
+
+
+@pytest.fixture
+def no_install(monkeypatch):
+    """Fail the test if the script gets as far as installing anything."""
+    def boom(*a, **k):
+        raise AssertionError("install reached: bad input was not refused first")
+    monkeypatch.setattr(gpu_run, "install", boom)
+
+
+def test_unknown_group_is_refused_naming_the_known_ones(no_install, tmp_path, capsys):
+    assert gpu_run.main(["G9", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown group 'G9'" in err and all(g in err for g in gpu_run.GROUPS)
+
+
+def test_missing_bundle_is_refused_with_the_command_that_builds_it(no_install, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_run, "BUNDLE", tmp_path / "no-whl")
+    with pytest.raises(gpu_run.UsageError, match="make gpu-bundle"):
+        gpu_run.run_group("G1", tmp_path / "out", bundle=tmp_path / "no-whl")
+    (tmp_path / "whl").mkdir()
+    (tmp_path / "whl" / "x-1-py3-none-any.whl").write_bytes(b"")  # wheels but no manifest: not a built bundle
+    with pytest.raises(gpu_run.UsageError, match="make gpu-bundle"):
+        gpu_run.check_bundle(tmp_path / "whl")
+
+
+def test_groups_cover_notebooks_00_to_10_and_fit_the_slot():
+    planned = {job.notebook for jobs in gpu_run.GROUPS.values() for job in jobs}
+    notebooks = {p.stem for p in paths.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")} - {"11_reproduction_report"}
+    assert notebooks <= planned, f"not in any GPU group: {sorted(notebooks - planned)}"
+    for name, jobs in gpu_run.GROUPS.items():
+        assert sum(j.estimate_s for j in jobs) <= gpu_run.BUDGET_S, f"{name} is estimated past the budget"
+        labels = [j.label for j in jobs]
+        assert len(labels) == len(set(labels)), f"{name}: two runs would write the same executed copy"
+    # a planted group that overruns is caught by the same check
+    assert sum(j.estimate_s for j in gpu_run.GROUPS["G1"] * 3) > gpu_run.BUDGET_S
+
+
+def test_group_parameters_are_the_notebooks_own():
+    """Every override a group passes is a parameter of that notebook (papermill would silently add a new one)."""
+    for jobs in gpu_run.GROUPS.values():
+        for job in jobs:
+            nb = json.loads((paths.NOTEBOOKS_DIR / f"{job.notebook}.ipynb").read_text())
+            cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+            names = {line.split("=")[0].strip() for line in "".join(cell["source"]).splitlines() if "=" in line}
+            assert set(job.parameters) <= names, f"{job.notebook}: {set(job.parameters) - names} unknown"
+
+
+def test_merge_appends_new_rows_once_and_keeps_the_previous_executed_copy(tmp_path):
+    run = tmp_path / "run"
+    (run / "results" / "h100-80gb").mkdir(parents=True)
+    rows = [{"notebook": "00_setup_and_baseline", "scenario": s, "status": "ok", "run_id": "r1"} for s in "ab"]
+    (run / "results" / "h100-80gb" / "00_setup_and_baseline.jsonl").write_text(
+        "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    (run / "executed").mkdir()
+    (run / "executed" / "00_setup_and_baseline.ipynb").write_text("{}")
+    (run / "figures" / "h100-80gb").mkdir(parents=True)
+    (run / "figures" / "h100-80gb" / "plot.png").write_bytes(b"png")
+    archive = gpu_run.pack(run, tmp_path / "out", "G1")
+    res, figs = tmp_path / "results", tmp_path / "figures"
+    dest = res / "h100-80gb" / "00_setup_and_baseline.jsonl"
+    dest.parent.mkdir(parents=True)
+    dest.write_text(json.dumps({"scenario": "older", "run_id": "r0"}) + "\n")
+    gpu_run.merge(archive, res, figs)
+    gpu_run.merge(archive, res, figs)  # merging twice adds nothing
+    lines = dest.read_text().splitlines()
+    assert len(lines) == 3 and json.loads(lines[0])["scenario"] == "older"
+    assert (res / "h100-80gb" / "executed" / "00_setup_and_baseline.ipynb").exists()
+    assert len(list((res / "h100-80gb" / "executed" / "previous").glob("*.ipynb"))) == 1
+    assert (figs / "h100-80gb" / "plot.png").read_bytes() == b"png"
+    with tarfile.open(archive) as tar:
+        assert "results/h100-80gb/00_setup_and_baseline.jsonl" in tar.getnames()
+
+
+def test_git_revision_outside_git_comes_from_the_bundle(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "ROOT", tmp_path)  # a copy of the tree without .git, as on the GPU host
+    monkeypatch.delenv(environment.GIT_REV_ENV, raising=False)
+    assert environment.git_revision() == "unknown"
+    monkeypatch.setenv(environment.GIT_REV_ENV, "abc123def456")
+    assert environment.git_revision() == "abc123def456"
+
+
+def test_rows_name_the_cuda_build():
+    assert environment.library_versions()["cuda"]  # 'none' on a CPU build, e.g. '13.0' on the GPU host
+
+
+def test_bundle_plan_holds_the_pins_and_leaves_torch_to_the_host():
+    bundled, from_image = gpu_bundle.plan()
+    pinned = gpu_bundle.pins()
+    for name in ("diffusers", "transformers", "huggingface-hub", "peft", "accelerate", "tokenizers", "safetensors",
+                 "papermill", "nbclient", "ipykernel", "bitsandbytes"):
+        assert bundled.get(name) == pinned[name], f"{name}: bundle {bundled.get(name)} vs pin {pinned[name]}"
+    assert not any(gpu_bundle.HOST_STACK.match(n.replace("-", "_")) for n in bundled), "torch stack bundled"
+    assert "numpy" in from_image and "numpy" not in bundled

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make rehearse-gpu-env`: the GPU host's Python rebuilt on this CPU, then G1 run on the smoke profile through the
+# same script and bundle the GPU run uses. Not part of `make test` (it installs torch 2.11, several GB).
+#
+# The stand-in for the host's image: Python 3.12, torch==2.11.0 (PyPI's build: CUDA 13.0 libraries, run here on
+# the CPU), and the image's own versions of the packages the bundle shadows (transformers 5.17, huggingface_hub
+# 1.33, tokenizers 0.23.2, sentencepiece 0.2.2, numpy 2.5.2; device tool's package list, read 2026-11-17), plus
+# the compiled packages the bundle leaves to the image. pandas is taken below 3 on purpose: the image's pandas
+# version is not recorded, so the rehearsal checks the older major. Then the bundle is installed exactly as on
+# the host (pip --no-index --no-deps --target) and shadows the image's copies through PYTHONPATH.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv-gpu
+PY312=${PY312:-$(command -v python3.12 || true)}
+if [ -z "$PY312" ]; then
+  echo "rehearse-gpu-env: needs python3.12 (the GPU host's Python); set PY312=/path/to/python3.12" >&2; exit 2
+fi
+if [ ! -f $VENV/.image-installed ]; then
+  rm -rf $VENV
+  "$PY312" -m venv $VENV
+  $VENV/bin/python -m pip install -q --upgrade pip
+  $VENV/bin/python -m pip install -q torch==2.11.0 numpy==2.5.2 "pandas<3" transformers==5.17.0 \
+    huggingface_hub==1.33.0 tokenizers==0.23.2 safetensors==0.8.0 sentencepiece==0.2.2 accelerate==1.15.0 peft \
+    matplotlib pillow psutil pyyaml regex requests jinja2 aiohttp attrs click pygments packaging
+  touch $VENV/.image-installed
+fi
+$VENV/bin/python -c "import torch; print('rehearsal python', __import__('sys').version.split()[0], 'torch', torch.__version__)"
+rm -rf build/rehearsal build/rehearsal-site build/rehearsal-site-kernels
+start=$(date +%s)
+PYTHON=$VENV/bin/python bash tools/gpu_run.sh G1 build/rehearsal --profile smoke --budget 3000 \
+  --site "$PWD/build/rehearsal-site"
+echo "rehearse-gpu-env: G1 on the smoke profile passed on torch 2.11 in $(( $(date +%s) - start )) s;" \
+  "executed notebooks and rows in build/rehearsal/G1.tar.gz"
