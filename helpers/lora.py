@@ -1,5 +1,6 @@
-"""LoRA adapters for hot-swapping: make seeded random ones in diffusers' format, check a file before a swap,
-load one the ordinary way for a reference output.
+"""LoRA adapters for hot-swapping: make seeded random ones in diffusers' format (scaled, if asked, until their
+output is measurably apart from given outputs), check a file before a swap, load one the ordinary way for a
+reference output.
 
 Adapters are written with the pipeline class's own `save_lora_weights` (a `pytorch_lora_weights.safetensors`
 file plus the peft `LoraConfig` as metadata), in the key layout peft's `get_peft_model_state_dict` produces:
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +173,69 @@ def ordinary_load(pipe: Any, folder: Path, adapter_name: str) -> Iterator[None]:
         yield
     finally:
         pipe.unload_lora_weights()
+
+
+@dataclass(frozen=True)
+class SeparatedAdapter:
+    """An adapter made by separated_adapter: its folder, its output, and how far that is from the others."""
+
+    folder: Path
+    output: torch.Tensor
+    scale: float
+    distances: list[float]
+    tries: int
+
+
+def output_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative L2 distance of two outputs, measured against the larger one: ||a - b|| / max(||a||, ||b||)."""
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / torch.maximum(a.norm(), b.norm()).clamp_min(1e-30))
+
+
+def scaled_state_dict(state_dict: Mapping[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """The adapter with every lora_B multiplied by scale, so its update B @ A is scale times as large."""
+    return {k: (v.float() * scale).to(v.dtype) if ".lora_B." in k else v for k, v in state_dict.items()}
+
+
+@torch.no_grad()
+def separated_adapter(pipe: Any, folder: Path, rank: int, *, seed: int, output: Callable[[], torch.Tensor],
+                      apart_from: Sequence[torch.Tensor], gap: float, within: float = 0.5, tries: int = 24,
+                      layers: Iterable[str] | None = None) -> SeparatedAdapter:
+    """Seeded random adapter, scaled until its measured output is gap to (1 + within) x gap from the nearest of apart_from.
+
+    output() runs the model on fixed inputs; the adapter is saved to folder and loaded the ordinary way for each
+    measurement, and unloaded after it. The distance is output_distance (relative L2, against the larger output).
+    Raises RuntimeError, with the distances measured, if no scale lands in the band within tries measurements."""
+    if gap <= 0 or within <= 0 or not apart_from:
+        raise ValueError(f"need gap > 0, within > 0 and outputs to keep apart from; got {gap}, {within}, "
+                         f"{len(apart_from)} outputs")
+    net = pipe.transformer
+    chosen = list(layers) if layers is not None else target_layers(net)
+    unit = random_lora_state_dict(net, chosen, rank, seed=seed, strength=1.0)
+    target, top = gap * (1 + within / 2), gap * (1 + within)
+    lo: tuple[float, float] = (0.0, 0.0)  # (scale, distance) of the largest scale seen below the band
+    hi: tuple[float, float] | None = None  # and of the smallest one above it
+    scale, seen = 1.0, []
+    for n in range(1, tries + 1):
+        save_adapter(type(pipe), folder, scaled_state_dict(unit, scale), rank)
+        with ordinary_load(pipe, folder, adapter_name=f"separating_{Path(folder).name}"):
+            out = output().detach().clone()
+        distances = [output_distance(out, other) for other in apart_from]
+        d = min(distances)
+        seen.append((scale, d))
+        if gap <= d <= top:
+            return SeparatedAdapter(Path(folder), out, scale, distances, n)
+        if d < gap:
+            lo = max(lo, (scale, d))
+        else:
+            hi = (scale, d) if hi is None or scale < hi[0] else hi
+        if hi is None or lo[0] == 0:  # one side of the band not seen yet: step as if distance ~ scale
+            scale = scale * min(100.0, max(0.01, target / d)) if d > 0 else scale * 100.0
+        else:  # both sides seen: interpolate between them, and bisect every third try in case that stalls
+            (s0, d0), (s1, d1) = lo, hi
+            guess = s0 + (target - d0) * (s1 - s0) / (d1 - d0)
+            inside = s0 + 0.05 * (s1 - s0) < guess < s1 - 0.05 * (s1 - s0)
+            scale = guess if inside and n % 3 else math.sqrt(s0 * s1)
+    shown = ", ".join(f"scale {s:.3g}: {d:.3g}" for s, d in seen[-6:])
+    raise RuntimeError(f"{folder}: no scale of the seed-{seed} rank-{rank} adapter puts its output between "
+                       f"{gap:.3g} and {top:.3g} from the nearest given output in {tries} tries ({shown})")

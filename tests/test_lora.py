@@ -5,7 +5,7 @@ import pytest
 import torch
 from peft.utils import get_peft_model_state_dict
 
-from helpers import compile_tools, lora, pipelines, workloads
+from helpers import compile_tools, lora, params, pipelines, workloads
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,61 @@ def test_ordinary_load_unloads_even_when_the_block_fails(files):
     with pytest.raises(RuntimeError, match="boom"), lora.ordinary_load(pipe, made[4], "x"):
         raise RuntimeError("boom")
     assert lora.loaded_layers(pipe.transformer, "x") == []
+
+
+def _distance_of_file(pipe, folder, call, apart_from):
+    """Independent re-measurement: load the saved file the ordinary way, distance to the nearest given output."""
+    with lora.ordinary_load(pipe, folder, "remeasure"):
+        out = workloads.first_output(call()).clone()
+    return min(lora.output_distance(out, other) for other in apart_from)
+
+
+def _assert_in_band(distance, gap, within=0.5):
+    assert gap <= distance <= gap * (1 + within), f"distance {distance:.4g} outside [{gap:.4g}, {gap * (1 + within):.4g}]"
+
+
+@pytest.mark.parametrize("dtype_name", ["fp32", "bf16"])
+def test_separated_adapter_lands_at_the_intended_gap_and_keeps_the_parity_margin(tmp_path, dtype_name):
+    """The scaled adapters' outputs are gap..1.5 gap from the base and from each other, re-measured from the files;
+    so a model within the tolerance of one reference is more than 5 tolerances from every other (notebook 10)."""
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=params.DTYPES[dtype_name])
+    call = workloads.denoiser_call(pipe, _inputs(pipe))
+    base = workloads.first_output(call()).clone()
+    tol = compile_tools.PARITY_TOLERANCE[dtype_name]
+    gap = 8 * tol  # the smallest ADAPTER_GAP notebook 10 allows
+    made = []
+    for i, rank in enumerate((4, 8, 16)):
+        earlier = [base] + [m.output for m in made]
+        m = lora.separated_adapter(pipe, tmp_path / f"r{rank}", rank, seed=i, gap=gap, apart_from=earlier,
+                                   output=lambda: workloads.first_output(call()))
+        assert min(m.distances) == pytest.approx(_distance_of_file(pipe, m.folder, call, earlier), rel=1e-6)
+        _assert_in_band(_distance_of_file(pipe, m.folder, call, earlier), gap)
+        made.append(m)
+    outs = [base] + [m.output for m in made]
+    for a in range(len(outs)):
+        for b in range(len(outs)):
+            if a != b:  # in the notebook's own measure, both ways round
+                assert compile_tools.relative_error(outs[a], outs[b]) >= gap
+                # an output within tol of outs[a] (worst case: moved straight towards outs[b]) is > 5 tol from outs[b]
+                worst = outs[a] + (outs[b] - outs[a]) * (tol * outs[a].float().norm() / (outs[b] - outs[a]).float().norm())
+                assert compile_tools.relative_error(worst, outs[b]) > 5 * tol
+
+    # a planted wrong value: the same random adapter at half the found scale, or twice it, is outside the band,
+    # so the check above can fail (it does not pass whatever the scale)
+    unit = lora.random_lora_state_dict(pipe.transformer, lora.target_layers(pipe.transformer), 16, seed=2,
+                                       strength=1.0)
+    for wrong in (0.5 * made[2].scale, 2 * made[2].scale):
+        planted = lora.save_adapter(type(pipe), tmp_path / "planted", lora.scaled_state_dict(unit, wrong), 16)
+        with pytest.raises(AssertionError, match="outside"):
+            _assert_in_band(_distance_of_file(pipe, planted, call, [base] + [m.output for m in made[:2]]), gap)
+
+
+def test_separated_adapter_says_when_no_scale_reaches_the_gap(tmp_path):
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32)
+    call = workloads.denoiser_call(pipe, _inputs(pipe))
+    base = workloads.first_output(call()).clone()
+    with pytest.raises(RuntimeError, match=r"no scale of the seed-0 rank-4 adapter puts its output between 50 and 75"):
+        lora.separated_adapter(pipe, tmp_path / "far", 4, seed=0, gap=50.0, tries=4, apart_from=[base],
+                               output=lambda: workloads.first_output(call()))
+    with pytest.raises(ValueError, match="gap > 0"):
+        lora.separated_adapter(pipe, tmp_path / "x", 4, seed=0, gap=0.0, apart_from=[base], output=call)

@@ -19,6 +19,10 @@ def test_lora_hotswap_rows(tmp_path):
     assert len(set(ranks)) == len(ranks) >= 3 and target >= max(ranks) and made["layers"] > 0
     assert made["files"] == ["pytorch_lora_weights.safetensors"]
     tol = compile_tools.PARITY_TOLERANCE[rows["dtype"].iloc[0]]
+    # each adapter scaled until its output is 10 to 15 tolerances from the nearest earlier output (default gap 10)
+    assert made["gap"] == pytest.approx(10 * tol) and set(made["nearest"]) == {str(r) for r in ranks}
+    assert all(10 * tol <= d <= 15 * tol for d in made["nearest"].values()), made["nearest"]
+    assert all(s > 0 for s in made["scales"].values()) and all(n >= 1 for n in made["tries"].values())
 
     ref = nb.row("reference outputs (ordinary load)")["extra"]
     assert ref["base_restored"] is True and ref["tolerance"] == tol
@@ -62,6 +66,7 @@ def test_lora_hotswap_rows(tmp_path):
     ({"RANKS": [4, 4, 8]}, r"RANKS=\[4, 4, 8\] must be at least three distinct positive integers"),
     ({"RANKS": [4, 0, 8]}, r"RANKS=\[4, 0, 8\] must be a non-empty list of positive integers"),
     ({"TARGET_RANK": 8}, r"TARGET_RANK=8 must be None or an integer >= max\(RANKS\) = 16"),
+    ({"ADAPTER_GAP": 5}, r"ADAPTER_GAP=5 must be a number from 8 to 16 \(parity tolerances\)"),
     ({"COMPILE_BACKEND": "cudagraphs"}, r"COMPILE_BACKEND='cudagraphs' is not allowed; choose one of: 'inductor'"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knobs, message):
