@@ -8,6 +8,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -121,10 +122,20 @@ def _stderr_silenced() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _single_cycle() -> Iterator[None]:
+    """Ignore the profiler's note that it keeps only the current cycle's events: these profiles have one cycle.
+
+    (torch warns once per process as a profile starts; under torch 2.11 the note reached notebook outputs.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each cycle")
+        yield
+
+
+@contextlib.contextmanager
 def quiet_profile(**kwargs: Any) -> Iterator[profile]:
     """torch.profiler.profile(**kwargs) without the log lines kineto prints to stderr as it starts and stops."""
     prof = profile(**kwargs)
-    with _stderr_silenced():
+    with _stderr_silenced(), _single_cycle():
         prof.__enter__()
     try:
         yield prof
@@ -142,7 +153,7 @@ def _prime_allocation_tracking() -> None:
     if _PRIMED[0]:
         return
     block = [torch.ones(16)]
-    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+    with _stderr_silenced(), _single_cycle(), profile(activities=[ProfilerActivity.CPU], profile_memory=True):
         block.clear()
     _PRIMED[0] = True
 
