@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,17 +164,29 @@ def resolve(
     SEED: int = 0,
     RESULTS_DIR: str = "",
     FIGURES_DIR: str = "",
+    REPEATS: int | None = None,
+    WARMUP: int | None = None,
     models: Iterable[str] = MODELS,
     **knobs: Any,
 ) -> Run:
-    """Validate the common parameters of a notebook and return the resolved Run."""
+    """Validate the common parameters of a notebook and return the resolved Run.
+
+    REPEATS / WARMUP (None: the profile's) shorten a measurement where a GPU slot needs it; every timed row records
+    its warm-up and its samples, so a reduced setting is visible in the results."""
     check_choice("PROFILE", PROFILE, PROFILES)
     check_choice("MODEL", MODEL, tuple(models))
     check_choice("DTYPE", DTYPE, tuple(DTYPES))
     if not isinstance(SEED, int):
         raise ParameterError(f"SEED={SEED!r} must be an integer")
     weights = check_weights(str(WEIGHTS))
+    if REPEATS is not None:
+        check_positive_int("REPEATS", REPEATS)
+    if WARMUP is not None and not (isinstance(WARMUP, int) and not isinstance(WARMUP, bool) and WARMUP >= 0):
+        raise ParameterError(f"WARMUP={WARMUP!r} must be None or an integer >= 0, e.g. 1")
     profile, reason = _resolve_profile(PROFILE)
+    settings = PROFILE_SETTINGS[profile]
+    settings = replace(settings, repeats=REPEATS or settings.repeats,
+                       warmup=settings.warmup if WARMUP is None else WARMUP)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     return Run(
         notebook=notebook,
@@ -188,6 +200,6 @@ def resolve(
         seed=SEED,
         results_dir=Path(RESULTS_DIR).expanduser().resolve() if RESULTS_DIR else paths.RESULTS_DIR,
         figures_dir=Path(FIGURES_DIR).expanduser().resolve() if FIGURES_DIR else paths.FIGURES_DIR,
-        settings=PROFILE_SETTINGS[profile],
+        settings=settings,
         knobs=dict(knobs),
     )

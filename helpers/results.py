@@ -133,6 +133,7 @@ class ResultWriter:
         if timing is not None:
             row.latency_median_s, row.latency_spread_s = timing.median_s, timing.spread_s
             row.latency_samples_s, row.timing_method = list(timing.samples_s), timing.method
+            row.extra.setdefault("warmup", timing.warmup)  # the timed repeats are len(latency_samples_s)
         if memory is not None:
             row.peak_memory_bytes, row.memory_kind = memory.peak_bytes, memory.kind
         append_rows(self.path, [asdict(row)])

@@ -75,3 +75,13 @@ def test_bogus_profile_through_papermill_fails_fast_and_writes_nothing(tmp_path)
     assert "PROFILE='bogus' is not allowed; choose one of: 'auto', 'smoke', 'full'" in str(err.value)
     assert elapsed < 60, f"the bad parameter took {elapsed:.0f} s to be reported"
     assert _snapshot() == before, "a failed validation wrote under data/results/"
+
+
+def test_repeats_and_warmup_shorten_a_measurement_and_refuse_bad_values():
+    run = params.resolve("x", PROFILE="smoke", REPEATS=2, WARMUP=0)
+    assert (run.settings.repeats, run.settings.warmup) == (2, 0)
+    default = params.resolve("x", PROFILE="smoke")
+    assert (default.settings.repeats, default.settings.warmup) == (3, 1)  # the smoke profile's own
+    for name, bad in (("REPEATS", 0), ("REPEATS", True), ("WARMUP", -1), ("WARMUP", 1.5)):
+        with pytest.raises(params.ParameterError, match=name):
+            params.resolve("x", PROFILE="smoke", **{name: bad})

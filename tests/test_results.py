@@ -26,7 +26,7 @@ def test_row_schema_and_append(session, tmp_path):
     assert len(lines) == 1
     data = json.loads(lines[0])
     assert data["latency_median_s"] == 2.0 and data["latency_samples_s"] == [1.0, 2.0, 3.0]
-    assert data["extra"] == {"flops_per_step": 123} and data["schema"] == results.SCHEMA_VERSION
+    assert data["extra"] == {"flops_per_step": 123, "warmup": 1} and data["schema"] == results.SCHEMA_VERSION
     assert data["versions"]["torch"].startswith("2.13.0") and data["run_id"] == row.run_id
     assert set(data) == set(results.Row.__dataclass_fields__)
 
