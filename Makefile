@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-fast reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
+.PHONY: venv test test-fast test-matrix reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
 
 venv: $(STAMP)
 
@@ -24,6 +24,13 @@ test: venv browser-deps
 ## make test-fast: everything except the notebook and browser runs
 test-fast: venv
 	$(PY) -m pytest tests -m "not notebook and not browser"
+
+## make test-matrix: every notebook on the smoke profile over seeds 0-4, MODEL=sdxl and each DTYPE, as a table of
+## ok / failed / refused in the setup cell (hours on a 2-core CPU, so not part of make test). MATRIX_ARGS passes
+## options: `make test-matrix MATRIX_ARGS="--only 02,10 --seeds 0-9 --jobs 2 --out matrix.md"`
+MATRIX_ARGS ?=
+test-matrix: venv
+	$(PY) tools/test_matrix.py $(MATRIX_ARGS)
 
 ## make reproduce: run every notebook (full profile on a big enough GPU, else smoke), then the report
 reproduce: venv
