@@ -54,23 +54,92 @@ def native_half_reason(device: torch.device, name: str) -> str:
             f"each input into an im2col buffer")
 
 
+# torch >= 2.9 also has per-backend, per-op switches, torch.backends.<backend>.<op>.fp32_precision: "ieee", "tf32",
+# "bf16" (oneDNN only) or "none", which inherits the backend's and then the global torch.backends.fp32_precision.
+# The legacy switches set some of these leaves: set_float32_matmul_precision sets both matmul leaves, but
+# cudnn.allow_tf32 = False sets the cuDNN leaves to "none", so after torch.backends.fp32_precision = "tf32" a
+# convolution would still use TF32. Leaves torch lacks (older versions) are left out.
+_FP32_LEAVES: tuple[tuple[str, str], ...] = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"),
+                                             ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
+# Values of a setting that let fp32 math round its inputs to fewer bits.
+_REDUCED = {"high", "medium", "tf32", "bf16", True}
+
+
+def _fp32_leaves() -> dict[str, Any]:
+    """The per-op fp32_precision switches this torch has, by name ('cudnn.conv'); empty before torch 2.9."""
+    leaves = {}
+    for backend, op in _FP32_LEAVES:
+        node = getattr(getattr(torch.backends, backend, None), op, None)
+        try:
+            node.fp32_precision  # noqa: B018 - probing: older torch has no such attribute
+        except (AttributeError, RuntimeError):
+            continue
+        leaves[f"{backend}.{op}"] = node
+    return leaves
+
+
+def _read(getter: Any) -> Any:
+    """A legacy switch's value, or why it cannot be read (torch refuses once legacy and new switches disagree)."""
+    try:
+        return getter()
+    except RuntimeError as err:
+        return f"unreadable: {str(err).splitlines()[0][:120]}"
+
+
 def tf32_settings() -> dict[str, Any]:
-    """The current global switches that decide whether fp32 matmuls and convolutions may use TF32."""
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32}
+    """The current global switches that decide whether fp32 matmuls and convolutions may use TF32 (or bf16)."""
+    settings = {"float32_matmul_precision": _read(torch.get_float32_matmul_precision),
+                "cuda.matmul.allow_tf32": _read(lambda: torch.backends.cuda.matmul.allow_tf32),
+                "cudnn.allow_tf32": _read(lambda: torch.backends.cudnn.allow_tf32)}
+    settings.update({f"{name}.fp32_precision": leaf.fp32_precision for name, leaf in _fp32_leaves().items()})
+    return settings
+
+
+def reduced_precision_switches(settings: dict[str, Any]) -> list[str]:
+    """Names of the switches in settings (from tf32_settings) that let fp32 math use TF32 or bf16, or are unreadable."""
+    return [k for k, v in settings.items() if v in _REDUCED or (isinstance(v, str) and v.startswith("unreadable"))]
 
 
 @contextlib.contextmanager
 def tf32(enabled: bool = True) -> Iterator[None]:
-    """Inside the block fp32 matmuls and convolutions may (or may not) use TF32; the previous settings return after."""
-    before = tf32_settings()
-    torch.set_float32_matmul_precision("high" if enabled else "highest")
-    torch.backends.cudnn.allow_tf32 = enabled
+    """Inside the block fp32 matmuls and convolutions may (or may not) use TF32; the previous settings return after.
+
+    Sets the legacy switches (set_float32_matmul_precision, cudnn.allow_tf32) and, where torch has them, the
+    per-op fp32_precision switches of CUDA and cuDNN; tf32(False) also sets oneDNN's to "ieee" (no bf16 either)."""
+    matmul_before = _read(torch.get_float32_matmul_precision)
+    cudnn_before = _read(lambda: torch.backends.cudnn.allow_tf32)
+    leaves = _fp32_leaves()
+    leaves_before = {name: leaf.fp32_precision for name, leaf in leaves.items()}
     try:
+        torch.set_float32_matmul_precision("high" if enabled else "highest")
+        torch.backends.cudnn.allow_tf32 = enabled
+        for name, leaf in leaves.items():
+            if not name.startswith("mkldnn"):
+                leaf.fp32_precision = "tf32" if enabled else "ieee"
+            elif not enabled:
+                leaf.fp32_precision = "ieee"
         yield
     finally:
-        torch.set_float32_matmul_precision(before["float32_matmul_precision"])
-        torch.backends.cudnn.allow_tf32 = before["cudnn.allow_tf32"]
+        if matmul_before in ("highest", "high", "medium"):
+            torch.set_float32_matmul_precision(matmul_before)
+        if isinstance(cudnn_before, bool):
+            torch.backends.cudnn.allow_tf32 = cudnn_before
+        for name, leaf in leaves.items():  # last: the legacy setters above overwrite some leaves
+            leaf.fp32_precision = leaves_before[name]
+
+
+@contextlib.contextmanager
+def fp32_reference() -> Iterator[dict[str, Any]]:
+    """Compute an fp32 reference inside this block: TF32 (and oneDNN bf16) off for matmuls, convolutions and RNNs.
+
+    PyTorch's defaults allow TF32 in cuDNN convolutions (cudnn.allow_tf32=True), so an "fp32" reference computed
+    outside it uses TF32 convolutions on Ampere and newer GPUs. Yields the switches as set inside; restores after."""
+    with tf32(False):
+        settings = tf32_settings()
+        reduced = reduced_precision_switches(settings)
+        if reduced:
+            raise RuntimeError(f"fp32 reference: {reduced} still allow reduced precision: {settings}")
+        yield settings
 
 
 def _modules(pipe: Any) -> dict[str, torch.nn.Module]:

@@ -24,6 +24,13 @@ def _check(nb, model):
         assert step[d]["latency_median_s"] > 0 and len(pipe[d]["latency_samples_s"]) == 3
         assert pipe[d]["peak_memory_bytes"] > 0 and pipe[d]["memory_kind"] == "cpu_allocated_during_call"
         assert step[d]["extra"]["finite"] and pipe[d]["extra"]["image_finite"]
+    # the fp32 reference ran with every TF32 switch off (PyTorch's default cudnn.allow_tf32=True allows TF32
+    # convolutions), and so did every format measured here
+    switches = step["fp32"]["extra"]["reference_switches"]
+    assert switches["float32_matmul_precision"] == "highest" and switches["cudnn.allow_tf32"] is False
+    assert switches["cuda.matmul.allow_tf32"] is False
+    assert all(v == "ieee" for k, v in switches.items() if k.endswith(".fp32_precision")), switches
+    assert all(step[d]["extra"]["reduced_precision_switches"] == [] for d in step)
     # weights: 16-bit formats are exactly half of fp32, for the pipeline and for the denoiser alone
     w = {d: pipe[d]["extra"]["weight_bytes"] for d in pipe}
     assert w["fp32"] == 2 * w["bf16"] == 2 * w["fp16"] > 0

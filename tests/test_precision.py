@@ -1,0 +1,148 @@
+"""helpers.precision's TF32 switches: an fp32 reference runs with every one of them off, and they come back after.
+
+The flags are process-wide and read the same on a CPU as on a GPU, so a CPU checks what a GPU would do."""
+
+import contextlib
+
+import pytest
+import torch
+
+from helpers import precision
+
+NEW_API = hasattr(torch.backends, "fp32_precision")  # torch >= 2.9: per-backend, per-op fp32_precision switches
+needs_new_api = pytest.mark.skipif(not NEW_API, reason="torch < 2.9 has no fp32_precision switches")
+LEAVES = ("cuda.matmul", "cudnn.conv", "cudnn.rnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
+
+
+def _state() -> dict:
+    """Every TF32 switch, parents included (the legacy getters may refuse: then their error text)."""
+    state = precision.tf32_settings()
+    if NEW_API:
+        state["generic.all"] = torch._C._get_fp32_precision_getter("generic", "all")
+        state["cuda.all"] = torch._C._get_fp32_precision_getter("cuda", "all")
+        state["mkldnn.all"] = torch._C._get_fp32_precision_getter("mkldnn", "all")
+    return state
+
+
+@pytest.fixture(autouse=True)
+def defaults():
+    """Each test starts from PyTorch's defaults and leaves them as it found them (the switches are global)."""
+    before = _state()
+    yield before
+    if NEW_API:
+        for backend in ("generic", "cuda", "mkldnn"):
+            torch._C._set_fp32_precision_setter(backend, "all", "none")
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = True
+    if NEW_API:
+        for name in LEAVES:
+            key = f"{name}.fp32_precision"
+            backend, op = name.split(".")
+            torch._C._set_fp32_precision_setter("cuda" if backend == "cudnn" else backend, op, before[key])
+    assert _state() == before, "the test left the switches changed"
+
+
+class Probe(torch.nn.Module):
+    """A convolution and a matmul whose forward reads the switches it runs under, as a reference computation would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.linear = torch.nn.Conv2d(2, 2, 3, padding=1), torch.nn.Linear(4, 4)
+        self.seen: list[dict] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(precision.tf32_settings())
+        return self.linear(self.conv(x))
+
+
+def _all_off(settings: dict) -> None:
+    """Assert that settings (from tf32_settings) let no fp32 matmul, convolution or RNN use TF32 or bf16."""
+    assert settings["float32_matmul_precision"] == "highest"
+    assert settings["cuda.matmul.allow_tf32"] is False and settings["cudnn.allow_tf32"] is False
+    leaves = {k: v for k, v in settings.items() if k.endswith(".fp32_precision")}
+    assert len(leaves) == (len(LEAVES) if NEW_API else 0)
+    assert all(v == "ieee" for v in leaves.values()), leaves
+    assert precision.reduced_precision_switches(settings) == []
+
+
+def test_pytorch_defaults_allow_tf32_convolutions(defaults):
+    """Why a reference needs the block: outside it cuDNN may use TF32 (PyTorch's default)."""
+    assert defaults["cudnn.allow_tf32"] is True
+    assert "cudnn.allow_tf32" in precision.reduced_precision_switches(defaults)
+
+
+def test_fp32_reference_turns_every_switch_off_inside_the_computation_and_restores_them(defaults):
+    probe = Probe()
+    with precision.fp32_reference() as settings, torch.no_grad():
+        probe(torch.ones(1, 2, 4, 4))
+    _all_off(settings)
+    _all_off(probe.seen[0])
+    assert probe.seen[0] == settings
+    assert _state() == defaults
+
+
+def test_fp32_reference_restores_after_an_error(defaults):
+    with pytest.raises(ValueError), precision.fp32_reference():
+        raise ValueError("the reference computation failed")
+    assert _state() == defaults
+
+
+def test_fp32_reference_after_tf32_matmuls_were_allowed():
+    torch.set_float32_matmul_precision("high")
+    before = _state()
+    assert "float32_matmul_precision" in precision.reduced_precision_switches(before)
+    with precision.fp32_reference() as settings:
+        _all_off(settings)
+    assert _state() == before and torch.get_float32_matmul_precision() == "high"
+
+
+@needs_new_api
+def test_fp32_reference_overrides_the_new_global_switch():
+    """torch.backends.fp32_precision = "tf32" reaches every leaf left at "none": the legacy cudnn.allow_tf32 = False
+    sets the cuDNN leaves to "none", so the convolutions of a reference made with the legacy switches alone would
+    still be TF32."""
+    torch.backends.fp32_precision = "tf32"
+    before = _state()
+    assert before["cudnn.conv.fp32_precision"] == "tf32"
+    torch.backends.cudnn.allow_tf32 = False  # the legacy way alone: the convolution leaf still resolves to tf32
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = True
+    probe = Probe()
+    with precision.fp32_reference() as settings, torch.no_grad():
+        probe(torch.ones(1, 2, 4, 4))
+    _all_off(settings)
+    _all_off(probe.seen[0])
+    assert _state() == before, "the global switch's effect must come back"
+
+
+def test_tf32_on_and_off_again(defaults):
+    with precision.tf32(True):
+        on = precision.tf32_settings()
+    assert on["float32_matmul_precision"] == "high" and on["cudnn.allow_tf32"] is True
+    assert on["cuda.matmul.allow_tf32"] is True
+    if NEW_API:
+        assert {on[f"{n}.fp32_precision"] for n in ("cuda.matmul", "cudnn.conv", "cudnn.rnn")} == {"tf32"}
+    assert {"float32_matmul_precision", "cudnn.allow_tf32"} <= set(precision.reduced_precision_switches(on))
+    assert _state() == defaults
+    with precision.tf32(False):
+        _all_off(precision.tf32_settings())
+    assert _state() == defaults
+
+
+def test_fp32_reference_refuses_when_a_switch_stays_on(monkeypatch):
+    """A reference block that left TF32 on (the old notebook computed the reference outside any block) fails."""
+    monkeypatch.setattr(precision, "tf32", lambda enabled=True: contextlib.nullcontext())
+    with pytest.raises(RuntimeError, match="cudnn.allow_tf32"), precision.fp32_reference():
+        pass
+
+
+def test_reduced_precision_switches():
+    assert precision.reduced_precision_switches({"float32_matmul_precision": "highest", "cudnn.allow_tf32": False,
+                                                 "cudnn.conv.fp32_precision": "ieee",
+                                                 "mkldnn.matmul.fp32_precision": "none"}) == []
+    assert precision.reduced_precision_switches({"float32_matmul_precision": "medium", "cudnn.allow_tf32": True,
+                                                 "cudnn.conv.fp32_precision": "tf32",
+                                                 "mkldnn.matmul.fp32_precision": "bf16",
+                                                 "cuda.matmul.allow_tf32": "unreadable: mixed APIs"}) == [
+        "float32_matmul_precision", "cudnn.allow_tf32", "cudnn.conv.fp32_precision", "mkldnn.matmul.fp32_precision",
+        "cuda.matmul.allow_tf32"]
