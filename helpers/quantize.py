@@ -1,11 +1,16 @@
-"""Load models with bitsandbytes NF4 linear layers through diffusers' and transformers' quantizers, and size them."""
+"""Load models with bitsandbytes NF4 linear layers through diffusers' and transformers' quantizers, size them, and
+record the dynamo settings their compiles ran with."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import diffusers
 import torch
+import torch._dynamo
 import transformers
 
 
@@ -166,3 +171,27 @@ def relative_l2(reference: torch.Tensor, other: torch.Tensor) -> float:
     """||other - reference|| / ||reference||, computed in fp32."""
     ref, oth = reference.detach().float(), other.detach().float().to(reference.device)
     return float((oth - ref).norm() / ref.norm())
+
+
+@contextlib.contextmanager
+def dynamo_config_at_compile(*names: str) -> Iterator[list[dict[str, Any]]]:
+    """Inside the block, record the named torch._dynamo.config values each time dynamo starts compiling a frame.
+
+    torch.compile is lazy: the settings that count are those in force when a call traces, not when .compile() ran.
+    Yields the list the records are appended to (one dict per compile)."""
+    seen: list[dict[str, Any]] = []
+
+    def record(*_args: Any) -> None:  # torch >= 2.8 passes CallbackArgs, older versions nothing
+        seen.append({name: getattr(torch._dynamo.config, name) for name in names})
+
+    handler = torch._dynamo.callback_handler
+    handler.register_start_callback(record)
+    try:
+        yield seen
+    finally:
+        handler.remove_start_callback(record)
+
+
+def config_held(seen: list[dict[str, Any]], name: str, value: Any) -> bool | None:
+    """Whether every compile recorded by dynamo_config_at_compile saw name == value; None when nothing compiled."""
+    return all(s[name] == value for s in seen) if seen else None

@@ -43,6 +43,9 @@ def test_nf4_rows(tmp_path):
     assert compiled["graph_breaks"] == 0 and compiled["recompiles"] == 0 and compiled["compile_s"] > 0
     assert compiled["extra"]["outputs_finite"] is True and compiled["extra"]["graphs_compiled"] >= 1
     assert 0 <= compiled["extra"]["drift_vs_eager_nf4"] < 2
+    # diffusers' setting for compiling bitsandbytes models was in force in every compile (read when dynamo traced)
+    assert compiled["extra"]["capture_dynamic_output_shape_ops_at_compile"] is True
+    assert compiled["extra"]["compiles_traced"] >= 1
 
     for scenario in ("nf4 + model offload eager", "nf4 + model offload compiled"):
         row = nb.row(scenario)

@@ -182,3 +182,34 @@ def test_footprint_counts_quant_state(tiny_pipe, tmp_path):
     assert sizes["quant_state_bytes"] == linear["scale_bytes"] + linear["layers"] * 16 * 4
     assert sizes["total_bytes"] == nf4.get_memory_footprint() + sizes["quant_state_bytes"]
     assert linear["nf4_bytes"] < sizes["total_bytes"] < full["total_bytes"]
+
+
+def test_dynamo_config_at_compile_reads_the_setting_when_dynamo_traces():
+    """torch.compile is lazy: a setting patched only around .compile() is gone when the first call traces."""
+    from helpers import compile_tools
+
+    class Scaled(torch.nn.Module):  # dynamo skips a bare torch.nn layer at the top level: wrap one
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * self.linear(x)
+
+    compile_tools.reset()
+    linear = Scaled()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        linear.compile(backend="eager")  # the wrong scope: nothing is traced here
+    with quantize.dynamo_config_at_compile("capture_dynamic_output_shape_ops") as seen:
+        linear(torch.ones(2, 4))
+    assert seen == [{"capture_dynamic_output_shape_ops": False}]
+    assert quantize.config_held(seen, "capture_dynamic_output_shape_ops", True) is False
+    with (torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True),
+          quantize.dynamo_config_at_compile("capture_dynamic_output_shape_ops") as seen):
+        linear(torch.ones(3, 4))  # a new shape: traced again, now inside the scope
+    assert seen and quantize.config_held(seen, "capture_dynamic_output_shape_ops", True) is True
+    with quantize.dynamo_config_at_compile("capture_dynamic_output_shape_ops") as seen:
+        linear(torch.ones(3, 4))  # cached: nothing compiles
+    assert seen == [] and quantize.config_held(seen, "capture_dynamic_output_shape_ops", True) is None
+    compile_tools.reset()
+
