@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from helpers import compile_tools, pipelines, workloads
+from helpers import compile_tools, pipelines, quantize, workloads
 
 MODES: tuple[str, ...] = ("model", "sequential", "group_block", "group_leaf")
 DESCRIPTION: dict[str, str] = {
@@ -125,6 +125,37 @@ def regional_trace(pipe: Any, inputs: dict[str, Any]) -> tuple[str, compile_tool
                 compile_tools.uncompile(module)
         compile_tools.reset()
     return error, counts
+
+
+def compile_trace(pipe: Any, inputs: dict[str, Any], cache_size_limit: int) -> dict[str, Any]:
+    """Compile the whole denoiser with torch.compile (graph breaks allowed) on dynamo's eager backend, under whatever
+    hooks the pipeline carries and with cache_size_limit raised, and run one forward twice (no kernels are built,
+    nothing is timed); return what happened, for a row.
+
+    Keys: traced (no error), trace_error, graphs_traced and graph_breaks (first forward), recompiles (graphs the
+    second forward added), cache_size_limit_at_compile (the values dynamo saw when it compiled), matches_eager
+    (both outputs equal the uncompiled forward's). The model is uncompiled and dynamo reset afterwards."""
+    net = pipelines.denoiser(pipe)
+    call = workloads.denoiser_call(pipe, inputs)
+    outs: dict[str, Any] = {}
+    error = error_of(lambda: outs.setdefault("eager", workloads.first_output(call())))
+    compile_tools.reset()
+    net.compile(backend="eager")
+    try:
+        with (torch._dynamo.config.patch(cache_size_limit=cache_size_limit),
+              quantize.dynamo_config_at_compile("cache_size_limit") as seen):
+            with compile_tools.counting() as first:
+                error = error or error_of(lambda: outs.setdefault("first", workloads.first_output(call())))
+            with compile_tools.counting() as second:
+                error = error or error_of(lambda: outs.setdefault("second", workloads.first_output(call())))
+    finally:
+        for module in net.modules():
+            compile_tools.uncompile(module)
+        compile_tools.reset()
+    return {"traced": not error, "trace_error": error, "graphs_traced": first.graphs,
+            "graph_breaks": first.graph_breaks, "recompiles": second.graphs,
+            "cache_size_limit_at_compile": sorted({s["cache_size_limit"] for s in seen}),
+            "matches_eager": not error and all(torch.equal(outs[k], outs["eager"]) for k in ("first", "second"))}
 
 
 def free_pipeline(*parts: Any) -> int:

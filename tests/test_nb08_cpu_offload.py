@@ -1,5 +1,6 @@
 """Notebook 08 on the smoke profile: offload hooks, parity, the sequential cpu:0 cause and stand-in, the fullgraph
-trace per mode, skipped GPU measurements with reasons, and fail-fast knobs."""
+trace per mode, diffusers' whole-model compile recipe under group offload, skipped GPU measurements with reasons,
+and fail-fast knobs."""
 
 import math
 
@@ -10,6 +11,7 @@ from tests.nbrun import run_notebook
 pytestmark = pytest.mark.notebook
 
 MODES = ("model", "sequential", "group_block", "group_leaf")
+CACHE_SIZE_LIMIT = 1000  # diffusers' docs raise dynamo's cache_size_limit to this when compiling under offloading
 
 
 def test_offload_rows(tmp_path):
@@ -60,8 +62,21 @@ def test_offload_rows(tmp_path):
             assert "torch.compiler.disable" in trace["extra"]["trace_error"]
         assert trace["extra"]["traced_pipeline"].startswith("stand-in" if mode == "sequential" else "diffusers")
 
+        # group offload also gets diffusers' recipe: transformer.compile() (graph breaks allowed at the hooks) with
+        # cache_size_limit raised while dynamo compiles; traced on the eager backend on every profile
+        group = mode.startswith("group")
+        if group:
+            whole = nb.row(f"{mode} offload: compile trace")
+            assert whole["status"] == "ok" and whole["extra"]["backend"] == "eager"
+            assert whole["extra"]["traced"] is True and whole["extra"]["trace_error"] == ""
+            assert whole["graph_breaks"] >= 1 and whole["recompiles"] == 0
+            assert whole["extra"]["cache_size_limit_at_compile"] == [CACHE_SIZE_LIMIT]
+            assert whole["extra"]["matches_eager"] is True
+        else:
+            assert not {f"{mode} offload: compile trace", f"{mode} offload compile"} & set(rows["scenario"])
+
         # every GPU measurement is skipped on the CPU, with the reason
-        for variant in ("eager", "regional compile"):
+        for variant in ("eager", "regional compile") + (("compile",) if group else ()):
             row = nb.row(f"{mode} offload {variant}")
             assert row["status"] == "skipped" and "no CUDA GPU" in row["reason"]
             assert pd_isna(row["latency_median_s"]) and pd_isna(row["peak_memory_bytes"])
@@ -90,7 +105,7 @@ def test_offload_rows(tmp_path):
 
 @pytest.mark.parametrize("knob, value, allowed", [
     ("OFFLOAD_MODES", ["disk"], "'model', 'sequential', 'group_block', 'group_leaf'"),
-    ("VARIANTS", ["max-autotune"], "'eager', 'regional'"),
+    ("VARIANTS", ["max-autotune"], "'eager', 'regional', 'compile'"),
     ("OFFLOAD_REPEATS", -1, "must be a positive integer"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
