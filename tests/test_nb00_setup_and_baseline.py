@@ -3,7 +3,9 @@
 import math
 
 import pytest
+import torch
 
+from helpers import precision
 from tests.nbrun import run_notebook
 
 pytestmark = pytest.mark.notebook
@@ -19,9 +21,20 @@ def test_baseline_rows(tmp_path):
     assert all(p["latency_median_s"] > 0 for p in parts.values())
     assert parts["denoiser step"]["extra"]["calls_per_image"] == base["steps"] == 2
     flops = nb.row("denoiser flops")["extra"]
-    assert flops["flops_per_step"] > 0 and 0 < flops["fraction_of_peak"] < 1.5
+    assert flops["flops_per_step"] > 0 and flops["fraction_of_peak"] > 0
+    # the square-matmul peak bounds the step only where its kernel is native (not bf16 on an AVX2-only CPU)
+    assert flops["peak_is_native"] is not bool(precision.native_half_reason(torch.device("cpu"), base["dtype"]))
+    assert flops["fraction_of_peak"] < 1.5 or not flops["peak_is_native"]
     assert math.isclose(flops["floor_s_for_all_steps"],
                         2 * flops["flops_per_step"] / (base["peak_tflops"] * 1e12), rel_tol=1e-6)
     assert set(nb.rows["run_id"]) == {base["run_id"]}
     assert (nb.figures_dir / "cpu" / "00_setup_and_baseline_time_per_component.png").stat().st_size > 1000
     assert "not measured" in nb.text()
+
+
+def test_baseline_sdxl(tmp_path):
+    """SDXL's UNet (convolutions) in bf16: runs to the end, whatever fraction of the matmul peak it reaches."""
+    nb = run_notebook("00_setup_and_baseline", tmp_path, MODEL="sdxl")
+    assert set(nb.rows["status"]) == {"ok"} and set(nb.rows["model"]) == {"sdxl"}
+    flops = nb.row("denoiser flops")["extra"]
+    assert flops["flops_per_step"] > 0 and flops["fraction_of_peak"] > 0
