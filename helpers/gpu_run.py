@@ -208,10 +208,7 @@ def merge(archive: Path, results_dir: Path | None = None, figures_dir: Path | No
             executed = results_dir / hardware[0] / "executed"
             for nb in sorted((tmp / "executed").glob("*.ipynb")):
                 executed.mkdir(parents=True, exist_ok=True)
-                if (executed / nb.name).exists():
-                    (executed / "previous").mkdir(exist_ok=True)
-                    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime((executed / nb.name).stat().st_mtime))
-                    shutil.move(executed / nb.name, executed / "previous" / f"{nb.stem}.{stamp}.ipynb")
+                results.set_aside(executed / nb.name)
                 shutil.copy2(nb, executed / nb.name)
                 done.append(f"{paths.relative(executed / nb.name)}: executed copy")
         for fig in sorted((tmp / "figures").glob("*/*")):

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
-from datetime import UTC, datetime
 
 import pandas as pd
 import papermill
@@ -48,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     for nb, variant in runs:
         label = nb.stem + "".join(f".{v}" for v in variant.values())
         out = executed / f"{label}.ipynb"
-        if out.exists():  # keep the previous executed copy instead of overwriting it
-            stamp = datetime.fromtimestamp(out.stat().st_mtime, UTC).strftime("%Y%m%dT%H%M%SZ")
-            (executed / "previous").mkdir(exist_ok=True)
-            shutil.move(out, executed / "previous" / f"{label}.{stamp}.ipynb")
+        results.set_aside(out)  # keep the previous executed copy instead of overwriting it
         t0 = time.perf_counter()
         print(f"\n=== {label} ...", flush=True)
         try:

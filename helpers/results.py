@@ -145,6 +145,14 @@ class ResultWriter:
         return readable(rows_table(pd.DataFrame([asdict(r) for r in self.rows])))
 
 
+def set_aside(path: Path) -> None:
+    """Move an existing executed notebook into previous/ beside it, stamped with its time, so a rerun keeps it."""
+    if path.exists():
+        stamp = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y%m%dT%H%M%SZ")
+        (path.parent / "previous").mkdir(exist_ok=True)
+        os.replace(path, path.parent / "previous" / f"{path.stem}.{stamp}{path.suffix}")
+
+
 def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str | None = None,
               latest_run_only: bool = True) -> pd.DataFrame:
     """All rows under results_dir (optionally one hardware / notebook); by default only the latest run of each

@@ -147,12 +147,11 @@ def slim_bitsandbytes(wheel: Path) -> None:
 
 
 def revision() -> str:
-    """Commit of the checkout, with '+dirty' when tracked files differ from it."""
-    rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                         check=False).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return rev + ("+dirty" if dirty else "")
+    """The commit the rows will name: environment.git_revision (what runs write does not make it dirty)."""
+    sys.path.insert(0, str(ROOT))
+    from helpers import environment  # here: the plan (--list) needs no torch import
+
+    return environment.git_revision()
 
 
 def manifest(bundled: dict[str, str], from_image: dict[str, str], size_mib: float) -> str:
