@@ -10,11 +10,15 @@ from typing import Any
 
 import torch
 
-from helpers import paths
+from helpers import paths, precision
 
 PROFILES: tuple[str, ...] = ("auto", "smoke", "full")
 MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# DTYPE="auto": bf16 where the device computes it natively (any CUDA GPU, a CPU with AVX512-BF16 or AMX), else fp32.
+# On a CPU without bf16 instructions the bf16 convolutions run a slow fallback that makes the VAE most of a smoke
+# image, so a smoke run there would teach the fallback instead of the lever; fp32 keeps the shares of the full run.
+DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPES)
 
 # GPU memory the full profile needs: Flux-1-Dev in bf16 is ~33 GB of weights plus activations and
 # compile workspace; an 80 GB H100 and a 141 GB H200 both qualify, a 24 GB card does not.
@@ -63,6 +67,7 @@ class Run:
     figures_dir: Path
     settings: ProfileSettings
     knobs: dict[str, Any] = field(default_factory=dict)
+    dtype_reason: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -154,13 +159,24 @@ def _resolve_profile(profile: str) -> tuple[str, str]:
     return profile, f"{profile}: chosen explicitly"
 
 
+def resolve_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
+    """Turn DTYPE into bf16/fp16/fp32 and say why ('auto': bf16 where native on device, else fp32)."""
+    if dtype != "auto":
+        return dtype, f"{dtype}: chosen explicitly"
+    not_native = precision.native_half_reason(device, "bf16")
+    if not not_native:
+        return "bf16", f"auto: bf16, which {device.type.upper()} computes natively here"
+    return "fp32", (f"auto: fp32, because {not_native}; in bf16 that fallback would dominate the run "
+                    f"(set DTYPE='bf16' to see it)")
+
+
 def resolve(
     notebook: str,
     *,
     PROFILE: str = "auto",
     MODEL: str = "flux-dev",
     WEIGHTS: str = "random",
-    DTYPE: str = "bf16",
+    DTYPE: str = "auto",
     SEED: int = 0,
     RESULTS_DIR: str = "",
     FIGURES_DIR: str = "",
@@ -175,7 +191,7 @@ def resolve(
     its warm-up and its samples, so a reduced setting is visible in the results."""
     check_choice("PROFILE", PROFILE, PROFILES)
     check_choice("MODEL", MODEL, tuple(models))
-    check_choice("DTYPE", DTYPE, tuple(DTYPES))
+    check_choice("DTYPE", DTYPE, DTYPE_CHOICES)
     if not isinstance(SEED, int):
         raise ParameterError(f"SEED={SEED!r} must be an integer")
     weights = check_weights(str(WEIGHTS))
@@ -188,18 +204,20 @@ def resolve(
     settings = replace(settings, repeats=REPEATS or settings.repeats,
                        warmup=settings.warmup if WARMUP is None else WARMUP)
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dtype_name, dtype_reason = resolve_dtype(DTYPE, device)
     return Run(
         notebook=notebook,
         profile=profile,
         profile_reason=reason,
         model=MODEL,
         weights=weights,
-        dtype_name=DTYPE,
-        dtype=DTYPES[DTYPE],
+        dtype_name=dtype_name,
+        dtype=DTYPES[dtype_name],
         device=device,
         seed=SEED,
         results_dir=Path(RESULTS_DIR).expanduser().resolve() if RESULTS_DIR else paths.RESULTS_DIR,
         figures_dir=Path(FIGURES_DIR).expanduser().resolve() if FIGURES_DIR else paths.FIGURES_DIR,
         settings=settings,
         knobs=dict(knobs),
+        dtype_reason=dtype_reason,
     )

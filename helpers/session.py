@@ -22,7 +22,7 @@ class Session:
         """The environment card and the resolved run as a two-column table."""
         r = self.run
         rows = [("notebook", r.notebook), ("profile", r.profile_reason), ("model", r.model),
-                ("weights", r.weights), ("dtype", r.dtype_name), ("seed", str(r.seed)),
+                ("weights", r.weights), ("dtype", r.dtype_reason or r.dtype_name), ("seed", str(r.seed)),
                 ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
                              f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}")),
                 ("timing", f"{r.settings.warmup} warm-up + {r.settings.repeats} timed runs, median reported"),

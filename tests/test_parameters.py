@@ -5,6 +5,8 @@ import time
 import papermill
 import pytest
 
+import torch
+
 from helpers import params, paths
 
 
@@ -85,3 +87,16 @@ def test_repeats_and_warmup_shorten_a_measurement_and_refuse_bad_values():
     for name, bad in (("REPEATS", 0), ("REPEATS", True), ("WARMUP", -1), ("WARMUP", 1.5)):
         with pytest.raises(params.ParameterError, match=name):
             params.resolve("x", PROFILE="smoke", **{name: bad})
+
+
+def test_dtype_auto_is_bf16_where_native_and_fp32_elsewhere(monkeypatch):
+    from helpers import precision
+    monkeypatch.setattr(precision, "native_half_reason", lambda device, name: "")
+    assert params.resolve_dtype("auto", torch.device("cpu"))[0] == "bf16"
+    monkeypatch.setattr(precision, "native_half_reason", lambda device, name: "no bf16 instructions")
+    name, why = params.resolve_dtype("auto", torch.device("cpu"))
+    assert name == "fp32" and "no bf16 instructions" in why and "DTYPE='bf16'" in why
+    assert params.resolve_dtype("bf16", torch.device("cpu")) == ("bf16", "bf16: chosen explicitly")
+    assert params.resolve("00_x", DTYPE="fp16").dtype == torch.float16
+    with pytest.raises(params.ParameterError, match="auto"):
+        params.resolve("00_x", DTYPE="float32")
