@@ -2,6 +2,9 @@
 
 import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -50,6 +53,38 @@ def test_notebook_hygiene(path):
     measuring = re.compile(r"time\.perf_counter|time\.time\(|time\.monotonic|cuda\.Event|cuda\.synchronize|"
                            r"memory_allocated|FlopCounterMode|torch\.profiler|psutil")
     assert not any(measuring.search("".join(c["source"])) for c in code), "measuring code belongs in helpers/"
+
+
+def _nbstripout_verify(paths_: list[Path]) -> subprocess.CompletedProcess:
+    """Run nbstripout's own check (cell ids kept: ours are stable) on paths_; rc 1 when any would change."""
+    return subprocess.run([sys.executable, "-m", "nbstripout", "--verify", "--keep-id", *map(str, paths_)],
+                          check=False, capture_output=True, text=True)
+
+
+def test_notebooks_are_stripped_by_nbstripout(tmp_path):
+    done = _nbstripout_verify(NOTEBOOKS)
+    assert done.returncode == 0, f"run `nbstripout --keep-id notebooks/*.ipynb`: {done.stdout}{done.stderr}"
+    # the check can fail: a notebook with an output and an execution count is caught
+    nb = json.loads(NOTEBOOKS[0].read_text())
+    code = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    code["execution_count"] = 1
+    code["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["planted\n"]}]
+    planted = tmp_path / NOTEBOOKS[0].name
+    planted.write_text(json.dumps(nb))
+    assert _nbstripout_verify([planted]).returncode != 0, "nbstripout --verify missed a stored output"
+
+
+def test_percent_script_round_trip_is_lossless(tmp_path):
+    # the way notebooks are edited (CONTRIBUTING.md): jupytext to a percent script and back with --update
+    import jupytext
+    for path in NOTEBOOKS:
+        nb = jupytext.read(path)
+        text = jupytext.writes(nb, fmt="py:percent")
+        back = jupytext.reads(text, fmt="py:percent")
+        assert [c.source for c in back.cells] == [c.source for c in nb.cells], path.name
+        assert [c.cell_type for c in back.cells] == [c.cell_type for c in nb.cells], path.name
+        tags = [c.metadata.get("tags", []) for c in nb.cells]
+        assert [c.metadata.get("tags", []) for c in back.cells] == tags, path.name
 
 
 def test_readme_starts_with_the_two_commands_and_shows_the_lab_screenshot():

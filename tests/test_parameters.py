@@ -4,7 +4,6 @@ import time
 
 import papermill
 import pytest
-
 import torch
 
 from helpers import params, paths
