@@ -224,6 +224,24 @@ def fraction_of_peak(flops: float, seconds: float, peak_tflops: float) -> float:
     return flops / seconds / (peak_tflops * 1e12)
 
 
+# A step cannot run faster than the best matmul the same device and dtype manage on their own; the margin absorbs
+# timing noise between the card's peak measurement and the step's (both medians or bests of several runs).
+PEAK_NOISE_MARGIN = 0.10
+
+
+def check_fraction_of_peak(fraction: float, peak_is_native: bool) -> str:
+    """Raise if a step beat the measured peak by more than the noise margin; '' or why the check does not apply."""
+    if not fraction > 0:
+        raise AssertionError(f"fraction of peak {fraction!r}: no FLOPs counted, or no time measured")
+    if not peak_is_native:
+        return ("not bounded: the peak's dtype runs a fallback kernel on this device, whose rate depends on the "
+                "operands' shapes, so a square-matmul peak does not bound the step's own products")
+    if fraction > 1 + PEAK_NOISE_MARGIN:
+        raise AssertionError(f"the step ran at {100 * fraction:.0f}% of the measured matmul peak, above the "
+                             f"{100 * (1 + PEAK_NOISE_MARGIN):.0f}% noise allows: the peak or the step time is wrong")
+    return ""
+
+
 def human_flops(flops: float) -> str:
     """A FLOP count with a readable prefix: '1.23 GFLOP'."""
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

@@ -56,6 +56,15 @@ def test_flop_count_of_a_matmul():
     assert measure.count_flops(lambda: a @ b) == 2 * 64 * 32 * 16
 
 
+def test_check_fraction_of_peak_fails_above_the_peak_and_on_nothing_measured():
+    assert measure.check_fraction_of_peak(0.42, peak_is_native=True) == ""
+    assert measure.check_fraction_of_peak(1.05, peak_is_native=True) == ""  # inside the noise margin
+    for planted in (1.3, 0.0, float("nan")):
+        with pytest.raises(AssertionError):
+            measure.check_fraction_of_peak(planted, peak_is_native=True)
+    assert "fallback" in measure.check_fraction_of_peak(1.6, peak_is_native=False)
+
+
 def test_fraction_of_peak():
     assert measure.fraction_of_peak(2e12, 2.0, 2.0) == pytest.approx(0.5)
     with pytest.raises(ValueError):
