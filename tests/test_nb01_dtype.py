@@ -31,7 +31,7 @@ def _check(nb, model):
     assert switches["cuda.matmul.allow_tf32"] is False
     assert all(v == "ieee" for k, v in switches.items() if k.endswith(".fp32_precision")), switches
     assert all(step[d]["extra"]["reduced_precision_switches"] == [] for d in step)
-    # weights: 16-bit formats are exactly half of fp32, for the pipeline and for the denoiser alone
+    # cast_pipeline casts every parameter: 16-bit weights are half of fp32, pipeline and denoiser alone
     w = {d: pipe[d]["extra"]["weight_bytes"] for d in pipe}
     assert w["fp32"] == 2 * w["bf16"] == 2 * w["fp16"] > 0
     dw = {d: step[d]["extra"]["denoiser_weight_bytes"] for d in step}
