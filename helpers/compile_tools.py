@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch.fx.experimental._config
 from torch._dynamo.utils import counters
 
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
-# Modes that capture CUDA graphs: they need a CUDA device.
+# Modes that capture CUDA graphs on a CUDA device (inductor's option triton.cudagraphs); elsewhere they run without.
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
 # Raised when a function needs more compiled versions than `recompile_limit` allows.
 RecompileLimitHit = torch._dynamo.exc.FailOnRecompileLimitHit
@@ -30,7 +30,8 @@ class CompileCounts:
     on (a break in a loop or a try block), which can be counted there twice (its reason and "graph break in
     loop"); `unimplemented` holds that key's share.
     cache_hits / cache_misses add up inductor's FX-graph cache and AOTAutograd's cache lookups: a cold compile
-    has hits == 0."""
+    has hits == 0. cudagraph_skips counts graphs of a CUDA-graph mode that inductor ran without capturing a CUDA
+    graph (on a CPU, every one; on a GPU, those with a CPU tensor, a mutated input or a dynamic shape)."""
 
     graphs: int = 0
     frames: int = 0
@@ -40,6 +41,7 @@ class CompileCounts:
     unimplemented: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    cudagraph_skips: int = 0
 
     @property
     def recompiles(self) -> int:
@@ -47,13 +49,14 @@ class CompileCounts:
         return self.graphs
 
 
-def _snapshot() -> tuple[int, int, dict[str, int], dict[str, int], int, int, int]:
-    """Current totals of compiled graphs, compiled frames, breaks by reason (both keys), traced ops, cache hits/misses."""
+def _snapshot() -> tuple[int, int, dict[str, int], dict[str, int], int, int, int, int]:
+    """Current totals of compiled graphs, compiled frames, breaks by reason (both keys), traced ops, cache hits/misses,
+    CUDA-graph skips."""
     stats, inductor, aot = counters["stats"], counters["inductor"], counters["aot_autograd"]
     hits = inductor["fxgraph_cache_hit"] + aot["autograd_cache_hit"]
     misses = inductor["fxgraph_cache_miss"] + aot["autograd_cache_miss"]
     return (stats["unique_graphs"], counters["frames"]["ok"], dict(counters["graph_break"]),
-            dict(counters["unimplemented"]), stats["calls_captured"], hits, misses)
+            dict(counters["unimplemented"]), stats["calls_captured"], hits, misses, inductor["cudagraph_skips"])
 
 
 def _new(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
@@ -70,13 +73,14 @@ def _new(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 def counting() -> Iterator[CompileCounts]:
     """Count graphs compiled, ops traced and graph breaks hit inside the block (filled in on exit)."""
     result = CompileCounts()
-    graphs0, frames0, breaks0, unimpl0, ops0, hits0, misses0 = _snapshot()
+    graphs0, frames0, breaks0, unimpl0, ops0, hits0, misses0, skips0 = _snapshot()
     try:
         yield result
     finally:
-        graphs1, frames1, breaks1, unimpl1, ops1, hits1, misses1 = _snapshot()
+        graphs1, frames1, breaks1, unimpl1, ops1, hits1, misses1, skips1 = _snapshot()
         result.graphs, result.frames, result.ops_captured = graphs1 - graphs0, frames1 - frames0, ops1 - ops0
         result.cache_hits, result.cache_misses = hits1 - hits0, misses1 - misses0
+        result.cudagraph_skips = skips1 - skips0
         unimplemented = _new(unimpl0, unimpl1)
         result.break_reasons = _new(breaks0, breaks1)
         for reason, n in unimplemented.items():
@@ -137,11 +141,73 @@ def mark_dynamic(inputs: dict[str, Any], dims: dict[str, int]) -> dict[str, Any]
     return inputs
 
 
-def mode_unavailable_reason(mode: str, device: torch.device) -> str:
-    """Why a compile mode cannot run on device ('' when it can)."""
-    if mode in CUDA_GRAPH_MODES and device.type != "cuda":
-        return f"mode {mode!r} captures CUDA graphs, which need a CUDA device (this run is on {device.type})"
+def mode_options(mode: str) -> dict[str, Any]:
+    """The inductor options a compile mode sets (torch._inductor.list_mode_options): 'default' sets none."""
+    import torch._inductor
+
+    return dict(torch._inductor.list_mode_options(mode))
+
+
+def cuda_graph_twin(mode: str, options: dict[str, dict[str, Any]] | None = None) -> str:
+    """The mode that sets the same inductor options as `mode` except CUDA graphs ('' if mode captures none).
+
+    On a device without CUDA graphs a CUDA-graph mode runs, captures no graph, and so compiles what its twin does:
+    reduce-overhead -> default, max-autotune -> max-autotune-no-cudagraphs (torch 2.13). `options` (mode -> its
+    options) defaults to torch's own table."""
+    table = options if options is not None else {m: mode_options(m) for m in COMPILE_MODES}
+    if not table[mode].get("triton.cudagraphs"):
+        return ""
+    rest = {k: v for k, v in table[mode].items() if k != "triton.cudagraphs"}
+    twins = [m for m in COMPILE_MODES if m != mode and not table[m].get("triton.cudagraphs") and table[m] == rest]
+    return twins[0] if twins else ""
+
+
+def mode_skip_reason(mode: str, device: torch.device, modes: list[str]) -> str:
+    """Why measuring `mode` on device would repeat another measured mode ('' when it must be measured).
+
+    A CUDA-graph mode is skipped only off CUDA and only when its twin without CUDA graphs is in `modes`: there it
+    runs the same compiled code (inductor skips CUDA graphs for graphs on a CPU device)."""
+    twin = cuda_graph_twin(mode)
+    if device.type == "cuda" or not twin or twin not in modes:
+        return ""
+    return (f"on {device.type}, mode {mode!r} runs but captures no CUDA graph (CUDA graphs exist only on CUDA "
+            f"devices); apart from CUDA graphs it sets the same inductor options as {twin!r}, which this run "
+            f"measures, so it would compile the same code: not measured twice")
+
+
+def cold_compile_problem(first: CompileCounts) -> str:
+    """What is wrong with a first call that should have compiled one whole graph cold ('' when nothing is).
+
+    Cold: inductor's caches were looked up and nothing hit. Whole: at least one graph, no graph break."""
+    if first.graphs < 1:
+        return f"the first call compiled no graph (it did not compile: {first})"
+    if first.graph_breaks:
+        return f"{first.graph_breaks} graph break(s) {first.break_reasons}: not one full graph"
+    if first.cache_hits or first.cache_misses < 1:
+        return f"the first call was not cold: {first.cache_hits} cache hit(s), {first.cache_misses} miss(es)"
     return ""
+
+
+def share_word(share: float) -> str:
+    """Words for a part's share of a whole: 'almost all' (>= 90%), 'most' (>= 50%), 'less than half'."""
+    if share >= 0.9:
+        return "almost all"
+    return "most" if share >= 0.5 else "less than half"
+
+
+def speed_word(ratio: float, *, same_within: float = 0.05) -> str:
+    """'faster', 'slower' or 'about as fast' for a speedup (old time / new time), with a band for noise."""
+    if ratio > 1 + same_within:
+        return "faster"
+    if ratio < 1 / (1 + same_within):
+        return "slower"
+    return "about as fast"
+
+
+def speed_phrase(ratio: float, other: str, *, same_within: float = 0.05) -> str:
+    """'faster than <other>', 'slower than <other>' or 'about as fast as <other>' for a speedup over other."""
+    word = speed_word(ratio, same_within=same_within)
+    return f"{word} {'as' if word == 'about as fast' else 'than'} {other}"
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -153,6 +219,38 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 # Parity tolerance (relative L2) of a compiled denoiser against eager in the same dtype: a few units of the
 # dtype's rounding error accumulated over the blocks (bf16 eps 7.8e-3, fp16 eps 9.8e-4).
 PARITY_TOLERANCE: dict[str, float] = {"bf16": 3e-2, "fp16": 5e-3, "fp32": 1e-4}
+
+
+def compiled_state(net: torch.nn.Module) -> dict[torch.nn.Module, Any]:
+    """The compiled wrappers `Module.compile()` put on net and its submodules (module -> wrapper): full compile,
+    regional compile (one per block), or none (eager)."""
+    return {m: m._compiled_call_impl for m in net.modules() if getattr(m, "_compiled_call_impl", None) is not None}
+
+
+def set_compiled_state(net: torch.nn.Module, state: dict[torch.nn.Module, Any]) -> None:
+    """Make net run as recorded by compiled_state (an empty state: eager), without compiling anything."""
+    for m in net.modules():
+        m._compiled_call_impl = state.get(m)
+
+
+def time_interleaved(calls: dict[str, Callable[[], Any]], device: torch.device, *, repeats: int, warmup: int,
+                     setup: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Time each callable once per round, in turn (warmup untimed rounds, then `repeats` timed ones), so load that
+    changes during the measurement lands on every setting alike; setup(name), if given, runs untimed before each
+    call. A measure.Timing per name."""
+    from helpers import measure
+
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    method = ""
+    for round_ in range(warmup + repeats):
+        for name, fn in calls.items():
+            if setup is not None:
+                setup(name)
+            timing = measure.time_callable(fn, device, repeats=1, warmup=0)
+            method = timing.method
+            if round_ >= warmup:
+                samples[name].extend(timing.samples_s)
+    return {name: measure.Timing(samples_s=v, warmup=warmup, method=method) for name, v in samples.items()}
 
 
 def uncompile(module: torch.nn.Module) -> torch.nn.Module:

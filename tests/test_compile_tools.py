@@ -65,15 +65,11 @@ def test_mark_dynamic_and_no_duck_shapes_restore():
     assert 0 in getattr(x, "_dynamo_dynamic_indices", set())
 
 
-def test_uncompile_and_mode_reason_and_relative_error():
+def test_uncompile_and_relative_error():
     m = Tiny()
     m.compile(backend="eager")
     assert m._compiled_call_impl is not None
     assert compile_tools.uncompile(m)._compiled_call_impl is None
-    cpu = torch.device("cpu")
-    assert "CUDA" in compile_tools.mode_unavailable_reason("reduce-overhead", cpu)
-    assert "CUDA" in compile_tools.mode_unavailable_reason("max-autotune", cpu)
-    assert compile_tools.mode_unavailable_reason("default", cpu) == ""
     a = torch.ones(10)
     assert compile_tools.relative_error(a, a) == 0
     assert compile_tools.relative_error(a * 1.1, a) == pytest.approx(0.1, rel=1e-5)
@@ -98,7 +94,7 @@ def test_coldstart_cache_env_and_fresh_dir(tmp_path):
     assert not d.exists()
     w = coldstart.Workload("flux-dev", "smoke", "bf16", 0, 64, 64, 16, 3.5)
     with pytest.raises(ValueError, match="how="):
-        coldstart.measure_fresh(w, "everything", tmp_path, repeats=1, warmup=0, emulate_precision_casts=False)
+        coldstart.measure_fresh(w, "everything", "pipe.transformer.compile()", tmp_path, repeats=1, warmup=0, emulate_precision_casts=False)
     r = coldstart.ColdStart(how="full", first_call_s=1.0, steady_samples_s=[3.0, 1.0, 2.0, 9.0], rel_error=0.0,
                             graphs=1, ops_captured=10, recompiles_after_first=0, artifacts_loaded=False,
                             artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path),
