@@ -75,7 +75,7 @@ def _fmt(value: float | None, kind: str, field: str) -> str:
     """A published or measured value with its unit."""
     if value is None:
         return "—"
-    if kind in ("speedup", "ratio"):
+    if kind in ("speedup", "ratio", "factor"):
         return f"{value:.2f}x"
     return f"{value / GIB:.1f} GiB" if field == "peak_memory_bytes" else f"{value:.2f} s"
 
@@ -91,7 +91,7 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
     for hw in hardwares:
         for c in comps.itertuples():
             pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
-            if c.kind != "absolute":
+            if c.kind not in ("absolute", "factor"):  # a 'factor' is published as the ratio itself (unit x)
                 base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
                 pval = base / pval if c.kind == "speedup" else pval / base
             mine = rows[(rows["hardware"] == hw) & (rows["notebook"] == c.notebook)] if not rows.empty else rows
@@ -109,7 +109,7 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
             else:
                 full = mine[(mine["profile"] == "full") & (mine["model"] == c.model)]
                 mval = _measured_value(full, c.measured_scenario, c.measured_field)
-                if mval is not None and c.kind != "absolute":
+                if mval is not None and c.kind != "absolute":  # 'factor' is measured as a ratio
                     base = _measured_value(full, c.measured_base_scenario, c.measured_field)
                     mval = None if not base else (base / mval if c.kind == "speedup" else mval / base)
                 if mval is None:
