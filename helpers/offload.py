@@ -1,4 +1,7 @@
-"""Turn on diffusers' CPU offload modes on a pipeline, report the hooks they installed, check them, free pipelines."""
+"""Report the hooks diffusers' CPU offload modes installed on a pipeline, check them, free pipelines.
+
+The offload calls themselves (`pipe.enable_model_cpu_offload()` and the others) are the lesson: notebook 08 makes
+them in a cell of its own."""
 
 from __future__ import annotations
 
@@ -10,31 +13,7 @@ import torch
 
 from helpers import compile_tools, pipelines, quantize, workloads
 
-MODES: tuple[str, ...] = ("model", "sequential", "group_block", "group_leaf")
-DESCRIPTION: dict[str, str] = {
-    "model": "pipe.enable_model_cpu_offload(): one whole component on the accelerator at a time",
-    "sequential": "pipe.enable_sequential_cpu_offload(): every leaf module onloaded just before it runs",
-    "group_block": "pipe.enable_group_offload(offload_type='block_level'): groups of transformer blocks",
-    "group_leaf": "pipe.enable_group_offload(offload_type='leaf_level'): leaf modules, prefetched on a stream",
-}
-
-
-def enable(pipe: Any, mode: str, device: str | torch.device, *, blocks_per_group: int = 1,
-           use_stream: bool = True) -> None:
-    """Turn on one offload mode: weights rest on the CPU and are onloaded to device when they run."""
-    device = torch.device(device)
-    if mode == "model":
-        pipe.enable_model_cpu_offload(device=device)
-    elif mode == "sequential":
-        pipe.enable_sequential_cpu_offload(device=device)
-    elif mode in ("group_block", "group_leaf"):
-        block = mode == "group_block"
-        pipe.enable_group_offload(onload_device=device, offload_device=torch.device("cpu"),
-                                  offload_type="block_level" if block else "leaf_level",
-                                  num_blocks_per_group=blocks_per_group if block else None,
-                                  use_stream=use_stream)
-    else:
-        raise ValueError(f"mode={mode!r} is not allowed; choose one of: {', '.join(map(repr, MODES))}")
+MODES: tuple[str, ...] = ("model", "sequential", "group_block", "group_leaf")  # the OFFLOAD_MODES notebook 08 offers
 
 
 def hook_summary(pipe: Any) -> dict[str, dict[str, Any]]:

@@ -11,26 +11,25 @@ def tiny_pipe():
     return pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
 
 
-def test_enable_rejects_unknown_mode(tiny_pipe):
-    with pytest.raises(ValueError, match="'model', 'sequential', 'group_block', 'group_leaf'"):
-        offload.enable(tiny_pipe, "disk", "cpu")
-
-
 def test_model_offload_hooks_on_cpu():
     pipe = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
     before = offload.hook_summary(pipe)
     assert set(before) == {"vae", "text_encoder", "text_encoder_2", "transformer"}
     assert all(h["accelerate_hooks"] == 0 and h["group_offload_hooks"] == 0 for h in before.values())
-    offload.enable(pipe, "model", "cpu")
+    pipe.enable_model_cpu_offload(device="cpu")
     after = offload.hook_summary(pipe)
     assert all(h["accelerate_hook_types"] == ["CpuOffload"] and h["accelerate_hooks"] == 1 for h in after.values())
 
 
 def test_group_offload_hooks_and_stream_refusal_on_cpu():
     pipe = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
-    err = offload.error_of(lambda: offload.enable(pipe, "group_block", "cpu", use_stream=True))
+    def enable(stream: bool) -> None:
+        pipe.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+                                  offload_type="block_level", num_blocks_per_group=1, use_stream=stream)
+
+    err = offload.error_of(lambda: enable(True))
     assert err.startswith("ValueError:") and "stream" in err
-    offload.enable(pipe, "group_block", "cpu", use_stream=False)
+    enable(False)
     assert all(h["group_offload_hooks"] > 0 for h in offload.hook_summary(pipe).values())
 
 
@@ -119,7 +118,7 @@ def test_sequential_cpu0_cause_and_stand_in(tiny_pipe):
     reference = workloads.pipeline_call(tiny_pipe, run, output_type="latent")().images
     diffusers_way = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
     diffusers_way.set_progress_bar_config(disable=True)
-    offload.enable(diffusers_way, "sequential", "cpu")
+    diffusers_way.enable_sequential_cpu_offload(device="cpu")
     assert str(diffusers_way._execution_device) == "cpu:0"
     diffusers_hooks = offload.hook_summary(diffusers_way)
     error = offload.error_of(lambda: workloads.pipeline_call(diffusers_way, run, output_type="latent")())
@@ -139,13 +138,14 @@ def test_regional_trace_model_vs_group_offload(tiny_pipe):
 
     inputs = workloads.run_inputs(tiny_pipe, params.resolve("08_cpu_offload", PROFILE="smoke"))
     model = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
-    offload.enable(model, "model", "cpu")
+    model.enable_model_cpu_offload(device="cpu")
     error, counts = offload.regional_trace(model, inputs)
     assert error == "" and counts.graphs >= 2 and counts.graph_breaks == 0
     net = pipelines.denoiser(model)
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in net.modules()), "blocks left compiled"
     group = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
-    offload.enable(group, "group_block", "cpu", use_stream=False)
+    group.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+                               offload_type="block_level", num_blocks_per_group=1, use_stream=False)
     error, counts = offload.regional_trace(group, inputs)
     assert "torch.compiler.disable" in error and counts.graph_breaks >= 1
 
@@ -157,7 +157,7 @@ def test_free_pipeline_empties_tensors_and_compile_state(tmp_path):
     bf16 = pipe.text_encoder_2
     bf16.save_pretrained(tmp_path / "t5")
     nf4, _ = quantize.load_nf4(type(bf16), tmp_path / "t5", "cpu")
-    offload.enable(pipe, "sequential", "cpu")  # hooks keep references; freeing must not depend on them going away
+    pipe.enable_sequential_cpu_offload(device="cpu")  # hooks keep references; freeing must not depend on them going away
     linear = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     linear(torch.ones(2, 4))
     assert counters["stats"]["unique_graphs"] > 0
@@ -221,7 +221,8 @@ def test_compile_trace_under_leaf_offload_needs_the_raised_cache_size_limit(tiny
 
     inputs = workloads.run_inputs(tiny_pipe, params.resolve("08_cpu_offload", PROFILE="smoke"))
     pipe = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
-    offload.enable(pipe, "group_leaf", "cpu", use_stream=False)
+    pipe.enable_group_offload(onload_device=torch.device("cpu"), offload_device=torch.device("cpu"),
+                              offload_type="leaf_level", use_stream=False)
     raised = offload.compile_trace(pipe, inputs, 1000)
     assert raised["traced"] and raised["trace_error"] == "" and raised["matches_eager"] is True
     assert raised["graph_breaks"] >= 1 and raised["recompiles"] == 0
