@@ -1,5 +1,7 @@
-"""Load models with bitsandbytes NF4 linear layers through diffusers' and transformers' quantizers, size them, and
-record the dynamo settings their compiles ran with."""
+"""NF4 models: diffusers' quantizer steps where its from_pretrained refuses (no GPU), their sizes, the weights'
+quantization error and the output drift it allows, and the dynamo settings their compiles ran with.
+
+The loading calls themselves (BitsAndBytesConfig passed to from_pretrained) are the lesson: notebook 09 makes them."""
 
 from __future__ import annotations
 
@@ -8,28 +10,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import diffusers
 import torch
 import torch._dynamo
-import transformers
 
 
-def nf4_config(cls: type[torch.nn.Module], compute_dtype: torch.dtype = torch.bfloat16) -> object:
-    """The NF4 BitsAndBytesConfig of the library that owns cls (transformers for text encoders, else diffusers)."""
-    library = transformers if issubclass(cls, transformers.PreTrainedModel) else diffusers
-    return library.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                      bnb_4bit_compute_dtype=compute_dtype)
-
-
-def _diffusers_quantizer_steps(cls: type[torch.nn.Module], folder: Path, device: torch.device,
-                               dtype: torch.dtype) -> torch.nn.Module:
-    """What diffusers' from_pretrained does with a BitsAndBytesConfig, step by step, without its GPU check."""
+def quantizer_steps(cls: type[torch.nn.Module], folder: str | Path, config: object, device: str | torch.device,
+                    dtype: torch.dtype) -> torch.nn.Module:
+    """What diffusers' from_pretrained(folder, quantization_config=config) does with a BitsAndBytesConfig, step by
+    step, without its GPU check: for a CPU, where diffusers refuses to quantize ("No GPU found")."""
     import accelerate
     import safetensors.torch
     from accelerate.utils import set_module_tensor_to_device
     from diffusers.quantizers.bitsandbytes import BnB4BitDiffusersQuantizer
 
-    quantizer = BnB4BitDiffusersQuantizer(nf4_config(cls, dtype), pre_quantized=False)
+    device = torch.device(device)
+    quantizer = BnB4BitDiffusersQuantizer(config, pre_quantized=False)
     with accelerate.init_empty_weights():
         model = cls.from_config(cls.load_config(folder))
     quantizer.preprocess_model(model, device_map={"": str(device)}, keep_in_fp32_modules=[])
@@ -48,7 +43,8 @@ def _diffusers_quantizer_steps(cls: type[torch.nn.Module], folder: Path, device:
 
 
 def generic_cpu_path_for_narrow_layers(model: torch.nn.Module) -> int:
-    """Route NF4 layers whose input width is not a multiple of the block size to bitsandbytes' generic CPU kernel.
+    """Route NF4 layers whose input width is not a multiple of the block size to bitsandbytes' generic CPU kernel;
+    return how many.
 
     bitsandbytes 0.50.2's AVX512-BF16 CPU path repacks the scales as [out, in // blocksize] on the first
     inference call and fails for such layers (the tiny smoke models are 32 wide; real Flux layers are not)."""
@@ -61,37 +57,53 @@ def generic_cpu_path_for_narrow_layers(model: torch.nn.Module) -> int:
     return len(narrow)
 
 
-def _cpu_note(model: torch.nn.Module) -> str:
-    """Apply the narrow-layer CPU fallback and say what it did, for the path description."""
-    n = generic_cpu_path_for_narrow_layers(model)
-    total = len(linear4bit_names(model))
-    return (f"; {n} of {total} NF4 layers (input width not a multiple of 64) run on bitsandbytes' generic CPU "
-            "kernel because its AVX512-BF16 packing fails for them") if n else ""
+@torch.no_grad()
+def weight_error(quantized: torch.nn.Module, reference: torch.nn.Module) -> float:
+    """The quantization error of the weights: ||dequantized NF4 weights - reference weights|| / ||reference weights||
+    over every 4-bit linear layer of quantized (the same layer of reference by name), in fp32, one layer at a time.
+
+    Call it before the first forward: bitsandbytes' AVX512-BF16 CPU path repacks the weights on the first call."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    ref_modules = dict(reference.named_modules())
+    err = norm = 0.0
+    for name, layer in quantized.named_modules():
+        if not isinstance(layer, bnb.nn.Linear4bit):
+            continue
+        w = layer.weight
+        deq = bnbf.dequantize_4bit(w.data, w.quant_state).float()
+        ref = ref_modules[name].weight.detach().float().to(deq.device)
+        err += float((deq - ref).pow(2).sum())
+        norm += float(ref.pow(2).sum())
+    if norm == 0:
+        raise ValueError("no 4-bit linear layer with a nonzero reference weight to compare")
+    return (err / norm) ** 0.5
 
 
-def load_nf4(cls: type[torch.nn.Module], folder: str | Path, device: str | torch.device,
-             dtype: torch.dtype = torch.bfloat16) -> tuple[torch.nn.Module, str]:
-    """Load a model saved in folder with NF4 linear layers on device; return it and the path that ran."""
-    device, folder = torch.device(device), Path(folder)
-    config = nf4_config(cls, dtype)
-    if issubclass(cls, transformers.PreTrainedModel):
-        model = cls.from_pretrained(folder, quantization_config=config, dtype=dtype, device_map={"": str(device)})
-        note = _cpu_note(model) if device.type == "cpu" else ""
-        return model.eval(), (f"transformers {cls.__name__}.from_pretrained(quantization_config=BitsAndBytesConfig"
-                              f"(nf4)) on {device.type}{note}")
-    if device.type == "cuda":
-        model = cls.from_pretrained(folder, quantization_config=config, torch_dtype=dtype)
-        return model.eval(), f"diffusers {cls.__name__}.from_pretrained(quantization_config=BitsAndBytesConfig(nf4))"
-    try:
-        model = cls.from_pretrained(folder, quantization_config=config, torch_dtype=dtype)
-        return model.eval(), (f"diffusers {cls.__name__}.from_pretrained(quantization_config=...) on {device.type}"
-                              f"{_cpu_note(model) if device.type == 'cpu' else ''}")
-    except RuntimeError as err:
-        refused = f"{type(err).__name__}: {err}"
-    model = _diffusers_quantizer_steps(cls, folder, device, dtype)
-    note = _cpu_note(model) if device.type == "cpu" else ""
-    return model, (f"diffusers BnB4BitDiffusersQuantizer steps (preprocess_model -> create_quantized_param -> "
-                   f"postprocess_model) on {device.type}; from_pretrained refused with {refused!r}{note}")
+DRIFT_FLOOR_FACTOR = 0.1  # drift below weight_error x this: the 4-bit weights barely entered the computation
+DRIFT_CEILING_FACTOR = 10.0  # drift above weight_error x this (or above 1): the error grew far past the weights'
+
+
+def drift_band(weight_err: float) -> tuple[float, float]:
+    """The output drift NF4 may show, given its weights' quantization error: (weight_err / 10, min(1, 10 x weight_err)).
+
+    An output of a layer y = W x with the rounding error dW spread over W moves by about weight_err (relative L2);
+    through a network it may shrink or grow, but not by an order of magnitude either way in one forward or a few
+    steps. Above 1 the output is further from the reference than a zero output is: it carries nothing of it."""
+    return DRIFT_FLOOR_FACTOR * weight_err, min(1.0, DRIFT_CEILING_FACTOR * weight_err)
+
+
+def drift_problems(drift: dict[str, float], weight_errors: dict[str, float]) -> list[str]:
+    """What is wrong with NF4's output drift (relative L2 vs the reference, per output) given the quantization error
+    of the weights behind each output: [] when every drift is finite and inside drift_band of its weight error."""
+    problems = []
+    for name, d in drift.items():
+        low, high = drift_band(weight_errors[name])
+        if not (low < d < high):  # also catches NaN
+            problems.append(f"{name}: drift {d:.4g} outside ({low:.4g}, {high:.4g}), the band for a weight "
+                            f"quantization error of {weight_errors[name]:.4g}")
+    return problems
 
 
 def linear4bit_bytes(model: torch.nn.Module) -> dict[str, int]:
@@ -195,3 +207,18 @@ def dynamo_config_at_compile(*names: str) -> Iterator[list[dict[str, Any]]]:
 def config_held(seen: list[dict[str, Any]], name: str, value: Any) -> bool | None:
     """Whether every compile recorded by dynamo_config_at_compile saw name == value; None when nothing compiled."""
     return all(s[name] == value for s in seen) if seen else None
+
+
+COMPILE_DRIFT_SHARE = 0.25  # compiled vs eager NF4 must differ by less than this share of NF4's own drift
+
+
+def compile_drift_problem(compiled_vs_eager: float | None, nf4_drift: float) -> str:
+    """'' when the compiled NF4 output is closer to the eager NF4 output than COMPILE_DRIFT_SHARE x the eager NF4
+    output's drift from the reference (a new rounding order, not a different computation), else what is wrong."""
+    if compiled_vs_eager is None:
+        return "no compiled-vs-eager drift was measured"
+    bound = COMPILE_DRIFT_SHARE * nf4_drift
+    if not compiled_vs_eager < bound:  # also catches NaN
+        return (f"compiled NF4 differs from eager NF4 by {compiled_vs_eager:.4g}, not below {bound:.4g} "
+                f"({COMPILE_DRIFT_SHARE:g} x NF4's drift {nf4_drift:.4g} from the reference)")
+    return ""

@@ -41,26 +41,31 @@ def test_error_helpers():
     assert reason.startswith("sequential offload") and "no CUDA GPU" in reason
 
 
-def test_nf4_configs():
+NF4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_compute_dtype": torch.bfloat16}
+
+
+def load_nf4(cls, folder):
+    """The notebook's recipe on a CPU: transformers' from_pretrained for T5, diffusers' quantizer steps for the DiT."""
     import diffusers
     import transformers
 
-    dit_cfg = quantize.nf4_config(diffusers.FluxTransformer2DModel)
-    t5_cfg = quantize.nf4_config(transformers.T5EncoderModel)
-    assert isinstance(dit_cfg, diffusers.BitsAndBytesConfig) and isinstance(t5_cfg, transformers.BitsAndBytesConfig)
-    for cfg in (dit_cfg, t5_cfg):
-        assert cfg.load_in_4bit and cfg.bnb_4bit_quant_type == "nf4" and cfg.bnb_4bit_compute_dtype == torch.bfloat16
+    if issubclass(cls, transformers.PreTrainedModel):
+        config = transformers.BitsAndBytesConfig(**NF4)
+        return cls.from_pretrained(folder, quantization_config=config, dtype=torch.bfloat16, device_map={"": "cpu"})
+    config = diffusers.BitsAndBytesConfig(**NF4)
+    with pytest.raises(RuntimeError, match="No GPU found"):  # why the steps are needed on a CPU
+        cls.from_pretrained(folder, quantization_config=config, torch_dtype=torch.bfloat16)
+    return quantize.quantizer_steps(cls, folder, config, "cpu", torch.bfloat16)
 
 
 @pytest.mark.parametrize("name", ["transformer", "text_encoder_2"])
 def test_load_nf4_sizes_and_output(tiny_pipe, tmp_path, name):
     bf16 = getattr(tiny_pipe, name)
     bf16.save_pretrained(tmp_path / name)
-    model, path = quantize.load_nf4(type(bf16), tmp_path / name, "cpu")
-    if name == "transformer":
-        assert "BnB4BitDiffusersQuantizer" in path and "No GPU found" in path
-    else:
-        assert path.startswith("transformers T5EncoderModel.from_pretrained")
+    model = load_nf4(type(bf16), tmp_path / name)
+    quantize.generic_cpu_path_for_narrow_layers(model)
+    weight_err = quantize.weight_error(model, bf16)  # before the first forward, as the notebook does
+    assert 0.03 < weight_err < 0.2, weight_err  # 16 levels per block of 64: about a tenth of the weights' size
     sizes = quantize.linear4bit_bytes(model)
     names = quantize.linear4bit_names(model)
     kept = quantize.unquantized_linear_names(model)
@@ -82,7 +87,52 @@ def test_load_nf4_sizes_and_output(tiny_pipe, tmp_path, name):
         ids = torch.arange(16).unsqueeze(0)
         with torch.inference_mode():
             ref, out = bf16(ids)[0], model(ids)[0]
-    assert out.isfinite().all() and 0 < quantize.relative_l2(ref, out) < 2
+    assert out.isfinite().all()
+    assert quantize.drift_problems({name: quantize.relative_l2(ref, out)}, {name: weight_err}) == []
+
+
+def test_weight_error_measures_the_rounding():
+    """NF4 moves Gaussian weights by about 9% (relative L2); a model compared with itself dequantized shows 0."""
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Linear(64, 64))
+    with torch.no_grad():
+        for layer in ref:
+            layer.weight.normal_()
+    nf4 = torch.nn.Sequential(*(bnb.nn.Linear4bit(m.in_features, m.out_features, quant_type="nf4") for m in ref))
+    nf4.load_state_dict(ref.state_dict())
+    nf4 = nf4.to("cpu")  # quantizes the weights
+    for layer in nf4:
+        if getattr(layer.weight, "quant_state", None) is None:
+            layer.weight = bnb.nn.Params4bit(layer.weight.data, requires_grad=False, quant_type="nf4")._quantize("cpu")
+    err = quantize.weight_error(nf4, ref)
+    assert 0.07 < err < 0.11, err
+    planted = torch.nn.Sequential(*(torch.nn.Linear(m.in_features, m.out_features) for m in ref))
+    with torch.no_grad():  # a reference equal to the dequantized weights: nothing left to measure
+        for p_layer, q_layer in zip(planted, nf4, strict=True):
+            p_layer.weight.copy_(bnbf.dequantize_4bit(q_layer.weight.data, q_layer.weight.quant_state))
+    assert quantize.weight_error(nf4, planted) < 1e-6
+
+
+def test_drift_band_fails_on_planted_drifts():
+    """The notebook's drift check: inside (err / 10, min(1, 10 err)); fails for no change, noise, NaN, blow-ups."""
+    assert quantize.drift_band(0.09) == pytest.approx((0.009, 0.9))
+    assert quantize.drift_band(0.2) == pytest.approx((0.02, 1.0))  # never above 1: a zero output is 1 away
+    err = {"transformer": 0.09, "latents": 0.09}
+    assert quantize.drift_problems({"transformer": 0.25, "latents": 0.17}, err) == []
+    assert quantize.drift_problems({"transformer": 0.0, "latents": 0.17}, err)[0].startswith("transformer: drift 0")
+    for planted in (0.0, 0.005, 0.95, 2 ** 0.5, float("nan"), float("inf")):
+        assert len(quantize.drift_problems({"latents": planted}, err)) == 1, planted
+
+
+def test_compile_drift_problem_fails_on_planted_values():
+    """Compiled NF4 must sit closer to eager NF4 than a quarter of eager NF4's drift from the reference."""
+    assert quantize.compile_drift_problem(0.005, 0.17) == ""
+    assert quantize.compile_drift_problem(1e-6, 0.17) == ""
+    for planted in (0.17, 0.05, float("nan"), None):  # 0.17: the compiled model lost what eager NF4 computes
+        assert quantize.compile_drift_problem(planted, 0.17), planted
 
 
 def test_relative_l2():
@@ -95,12 +145,11 @@ def test_narrow_layers_go_to_the_generic_cpu_kernel(tiny_pipe, tmp_path):
     import bitsandbytes as bnb
 
     tiny_pipe.text_encoder_2.save_pretrained(tmp_path / "t5")
-    model, path = quantize.load_nf4(type(tiny_pipe.text_encoder_2), tmp_path / "t5", "cpu")
+    model = load_nf4(type(tiny_pipe.text_encoder_2), tmp_path / "t5")
     layers = [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     narrow = [m for m in layers if m.in_features % 64]
+    assert narrow and quantize.generic_cpu_path_for_narrow_layers(model) == len(narrow)
     assert all(m.support_avx512bf16_for_cpu is False for m in narrow)
-    assert (f"{len(narrow)} of {len(layers)} NF4 layers" in path) == bool(narrow)
-    assert quantize.generic_cpu_path_for_narrow_layers(model) == len(narrow)
 
 
 def test_sequential_cpu0_cause_and_stand_in(tiny_pipe):
@@ -156,7 +205,7 @@ def test_free_pipeline_empties_tensors_and_compile_state(tmp_path):
     pipe = pipelines.build_pipeline("flux-dev", "smoke", device="cpu")
     bf16 = pipe.text_encoder_2
     bf16.save_pretrained(tmp_path / "t5")
-    nf4, _ = quantize.load_nf4(type(bf16), tmp_path / "t5", "cpu")
+    nf4 = load_nf4(type(bf16), tmp_path / "t5")
     pipe.enable_sequential_cpu_offload(device="cpu")  # hooks keep references; freeing must not depend on them going away
     linear = torch.compile(torch.nn.Linear(4, 4), backend="eager")
     linear(torch.ones(2, 4))
@@ -175,7 +224,7 @@ def test_footprint_counts_quant_state(tiny_pipe, tmp_path):
     assert full == {"parameter_bytes": bf16.get_memory_footprint(), "buffer_bytes": 0, "quant_state_bytes": 0,
                     "total_bytes": bf16.get_memory_footprint()}
     bf16.save_pretrained(tmp_path / "dit")
-    nf4, _ = quantize.load_nf4(type(bf16), tmp_path / "dit", "cpu")
+    nf4 = load_nf4(type(bf16), tmp_path / "dit")
     sizes, linear = quantize.footprint_bytes(nf4), quantize.linear4bit_bytes(nf4)
     assert sizes["parameter_bytes"] + sizes["buffer_bytes"] == nf4.get_memory_footprint()
     # the scales (absmax, fp32, one per 64 weights) plus one 16-entry fp32 code book per layer
