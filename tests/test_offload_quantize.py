@@ -128,10 +128,10 @@ def test_drift_band_fails_on_planted_drifts():
 
 
 def test_compile_drift_problem_fails_on_planted_values():
-    """Compiled NF4 must sit closer to eager NF4 than a quarter of eager NF4's drift from the reference."""
+    """Compiled NF4 must sit closer to eager NF4 than half of eager NF4's drift from the reference."""
     assert quantize.compile_drift_problem(0.005, 0.17) == ""
     assert quantize.compile_drift_problem(1e-6, 0.17) == ""
-    for planted in (0.17, 0.05, float("nan"), None):  # 0.17: the compiled model lost what eager NF4 computes
+    for planted in (0.17, 0.1, float("nan"), None):  # 0.17: the compiled model lost what eager NF4 computes
         assert quantize.compile_drift_problem(planted, 0.17), planted
 
 
