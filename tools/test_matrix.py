@@ -17,7 +17,8 @@ notebook's defaults. A cell reads:
 Axes (--seeds, default 0-4): SEED=<each seed> at the notebook's own MODEL and DTYPE; MODEL="sdxl"; DTYPE= each of
 "fp32", "fp16", "bf16". Every axis runs on every notebook, so a notebook that does not offer SDXL or a dtype shows
 it is refused up front. A setting equal to the notebook's defaults and an earlier cell (DTYPE="bf16" is the seed-0
-run where bf16 is the default) runs once and is shown in both places.
+run where bf16 is the default, as in 09) runs once and is shown in both places. Most notebooks default to
+DTYPE="auto" (bf16 where native, else fp32), so the seed columns test "auto" and the DTYPE columns each format.
 
 Two notebooks are special:
 
