@@ -155,12 +155,6 @@ def check_hotswap(folder: Path, module: torch.nn.Module, adapter_name: str, targ
     return ranks
 
 
-def hotswap(pipe: Any, folder: Path, adapter_name: str, target_rank: int) -> None:
-    """Check folder with check_hotswap, then swap it into adapter_name with load_lora_weights(hotswap=True)."""
-    check_hotswap(folder, pipe.transformer, adapter_name, target_rank)
-    pipe.load_lora_weights(str(folder), adapter_name=adapter_name, hotswap=True)
-
-
 @contextlib.contextmanager
 def ordinary_load(pipe: Any, folder: Path, adapter_name: str) -> Iterator[None]:
     """Inside the block, the adapter is loaded the ordinary way (no hot-swap); on exit every LoRA is unloaded.

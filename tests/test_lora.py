@@ -49,7 +49,7 @@ def test_check_accepts_smaller_rank_and_subset(files):
     pipe = _loaded(made[8])
     assert lora.check_hotswap(made[4], pipe.transformer, "style", 8) == {n: 4 for n in layers}
     assert len(lora.check_hotswap(made["subset"], pipe.transformer, "style", 8)) == 3
-    lora.hotswap(pipe, made[4], "style", 8)
+    pipe.load_lora_weights(str(made[4]), adapter_name="style", hotswap=True)
 
 
 def test_check_rejects_rank_above_target(files):
@@ -113,7 +113,8 @@ def test_ordinary_load_restores_the_base_model_and_tells_adapters_apart(files):
     assert torch.equal(workloads.first_output(call()), base), "unloading did not restore the base model"
     pipe.enable_lora_hotswap(target_rank=8)  # allowed: no adapter is loaded any more
     pipe.load_lora_weights(str(made[4]), adapter_name="style")
-    lora.hotswap(pipe, made[8], "style", 8)
+    lora.check_hotswap(made[8], pipe.transformer, "style", 8)
+    pipe.load_lora_weights(str(made[8]), adapter_name="style", hotswap=True)
     swapped = workloads.first_output(call())
     tol = compile_tools.PARITY_TOLERANCE["fp32"]
     assert compile_tools.relative_error(swapped, fresh[8]) <= tol

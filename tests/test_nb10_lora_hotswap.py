@@ -57,6 +57,8 @@ def test_lora_hotswap_rows(tmp_path):
     for scenario in ("pipeline lora eager", "pipeline lora hotswap compiled", "pipeline lora compiled (no hotswap)"):
         timed = nb.row(scenario)
         assert timed["latency_median_s"] > 0 and len(timed["latency_samples_s"]) == 3
+        assert timed["extra"]["output_type"] == "latent"  # set beside lora-fast's full-image figures: said in the prose
+    assert nb.row("pipeline lora hotswap compiled")["recompiles"] == 0, "the hot-swapped pipeline recompiled when timed"
     for name in ("swap_latency", "pipeline_latency"):
         assert (nb.figures_dir / "cpu" / f"10_lora_hotswap_{name}.png").stat().st_size > 1000
     assert "not measured" in nb.text()
