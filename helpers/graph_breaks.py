@@ -28,41 +28,32 @@ PLANTED: dict[str, str] = {
     "data-dependent branch": "forward clamps the latents only `if hidden_states.abs().amax() > limit`",
     "logger call in forward": "forward logs the latent shape with logging.Logger.info",
 }
-FIXES: dict[str, str] = {
-    "print in attention processor": "the print runs only when not torch.compiler.is_compiling()",
-    ".item() in attention processor": "the .item() runs only when not torch.compiler.is_compiling()",
-    "data-dependent branch": "branchless: torch.where(|x| > limit, x.clamp(-limit, limit), x)",
-    "logger call in forward": "the log call runs only when not torch.compiler.is_compiling()",
-}
 logger = logging.getLogger("helpers.graph_breaks.denoiser")
 
 
-def _eager_only() -> bool:
-    """True outside torch.compile tracing: the guard that keeps debug code out of compiled graphs."""
-    return not torch.compiler.is_compiling()
-
-
 class DebugAttnProcessor(FluxAttnProcessor):
-    """Flux attention plus a debugging side effect: print the output shape, or read its std with .item()."""
+    """Flux attention plus a debugging side effect (debug): print the output shape, or read its std with .item()."""
 
-    def __init__(self, kind: str, stream: io.StringIO, compile_safe: bool = False) -> None:
-        """kind is 'print' or 'item'; compile_safe runs the side effect only in eager mode."""
+    def __init__(self, kind: str, stream: io.StringIO) -> None:
+        """kind is 'print' (to stream) or 'item' (the std, kept in last_std)."""
         super().__init__()
         if kind not in ("print", "item"):
             raise ValueError(f"kind={kind!r}; allowed: 'print', 'item'")
-        self.kind, self.stream, self.compile_safe = kind, stream, compile_safe
+        self.kind, self.stream = kind, stream
         self.last_std: float | None = None
 
     def __call__(self, attn: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         """Run the stock Flux attention, then the debugging side effect."""
         out = super().__call__(attn, hidden_states, *args, **kwargs)
-        first = out[0] if isinstance(out, tuple) else out
-        if not self.compile_safe or _eager_only():
-            if self.kind == "print":
-                print("attention output", tuple(first.shape), file=self.stream)
-            else:
-                self.last_std = first.float().std().item()
+        self.debug(out[0] if isinstance(out, tuple) else out)
         return out
+
+    def debug(self, out: torch.Tensor) -> None:
+        """The side effect a user adds while debugging: a print, or a Python float read with .item()."""
+        if self.kind == "print":
+            print("attention output", tuple(out.shape), file=self.stream)
+        else:
+            self.last_std = out.float().std().item()
 
 
 def _broken_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, **kwargs: Any) -> Any:
@@ -73,34 +64,14 @@ def _broken_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, *
     return FluxTransformer2DModel.forward(self, hidden_states, **kwargs)
 
 
-def _fixed_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, **kwargs: Any) -> Any:
-    """The same guard and log, written so dynamo can trace them: torch.where, and logging in eager only."""
-    limit = CLAMP_LIMIT
-    hidden_states = torch.where(hidden_states.abs() > limit, hidden_states.clamp(-limit, limit), hidden_states)
-    if _eager_only():
-        logger.info("denoiser step on latents of shape %s", tuple(hidden_states.shape))
-    return FluxTransformer2DModel.forward(self, hidden_states, **kwargs)
-
-
-def _install(transformer: FluxTransformer2DModel, stream: io.StringIO, fixed: bool) -> None:
-    """Put the debug processors on two blocks and the guarded forward on the transformer."""
-    processors = dict(transformer.attn_processors)
-    for name in processors:
-        processors[name] = FluxAttnProcessor()
-    processors[DEBUG_PRINT_BLOCK] = DebugAttnProcessor("print", stream, compile_safe=fixed)
-    processors[DEBUG_ITEM_BLOCK] = DebugAttnProcessor("item", stream, compile_safe=fixed)
-    transformer.set_attn_processor(processors)
-    transformer.forward = types.MethodType(_fixed_forward if fixed else _broken_forward, transformer)
-
-
 def plant_breaks(transformer: FluxTransformer2DModel, stream: io.StringIO) -> None:
-    """Install the four planted graph breaks of PLANTED on the real Flux transformer."""
-    _install(transformer, stream, fixed=False)
-
-
-def apply_fixes(transformer: FluxTransformer2DModel, stream: io.StringIO) -> None:
-    """Replace each planted break by its traceable version (FIXES): same eager behaviour, no break."""
-    _install(transformer, stream, fixed=True)
+    """Install the four planted graph breaks of PLANTED on the real Flux transformer: the two debug processors on
+    DEBUG_PRINT_BLOCK and DEBUG_ITEM_BLOCK, and the guarded forward with its log call."""
+    processors = {name: FluxAttnProcessor() for name in transformer.attn_processors}
+    processors[DEBUG_PRINT_BLOCK] = DebugAttnProcessor("print", stream)
+    processors[DEBUG_ITEM_BLOCK] = DebugAttnProcessor("item", stream)
+    transformer.set_attn_processor(processors)
+    transformer.forward = types.MethodType(_broken_forward, transformer)
 
 
 def restore(transformer: FluxTransformer2DModel) -> None:
@@ -328,3 +299,104 @@ REASON_MARKERS: dict[str, tuple[str, ...]] = {
 def kinds_found(reasons: list[str]) -> dict[str, int]:
     """How many of the given break reasons match each planted kind of REASON_MARKERS."""
     return {kind: sum(any(m in r for m in marks) for r in reasons) for kind, marks in REASON_MARKERS.items()}
+
+
+def hints(log_lines: list[str]) -> list[str]:
+    """The distinct 'Hint:' lines of a graph_breaks log, in the order they first appear."""
+    seen: dict[str, None] = {}
+    for line in log_lines:
+        if line.strip().startswith("Hint:"):
+            seen.setdefault(line.strip(), None)
+    return list(seen)
+
+
+def check_fixed(before: dict[str, int], after: dict[str, int], fixed: tuple[str, ...]) -> None:
+    """Raise AssertionError unless each kind in fixed was found before and is gone after, and every other kind
+    found before is still found after (a fix removes its own break, not the others)."""
+    for kind, n in before.items():
+        if n == 0:
+            raise AssertionError(f"{kind}: not found before the fix, so the fix cannot be shown: {before}")
+        if kind in fixed and after.get(kind, 0) != 0:
+            raise AssertionError(f"{kind}: still found after its fix ({after.get(kind)} reasons): {after}")
+        if kind not in fixed and after.get(kind, 0) == 0:
+            raise AssertionError(f"{kind}: gone although nothing fixed it; check the reason markers: {after}")
+
+
+def check_tool_counts(found: BreakReport) -> None:
+    """Raise AssertionError unless the planted model's break report shows what notebook 06's note says: explain's
+    breaks are its graphs - 1 with a reason only for graphs ending at a break; the counters count more than the
+    planted lines; the branch is filed under `unimplemented` only; a frame with a break in a loop is given up."""
+    ended = sum(g["ends with"] != "return" for g in found.graphs)
+    total = found.counter_graph_breaks + found.counter_unimplemented
+    branch_keys = {e["counter key"] for e in found.counter_entries if e["planted kind"] == "data-dependent branch"}
+    checks = {
+        f"explain's breaks are its graphs - 1: {found.explain_breaks} vs {found.explain_graphs}":
+            found.explain_breaks == found.explain_graphs - 1,
+        f"explain lists a reason only for the {ended} graphs that ended at a break, of {found.explain_graphs}: "
+        f"{len(found.explain_reasons)} reasons": len(found.explain_reasons) == ended < found.explain_graphs,
+        f"the counters count more than the {len(PLANTED)} planted lines: {total}": total > len(PLANTED),
+        f"the branch is filed under unimplemented only: {sorted(branch_keys)}": branch_keys == {"unimplemented"},
+        f"a frame with a break in a loop is given up: {found.frames_given_up}":
+            bool(found.frames_given_up) and any(e["graph break in a loop"] for e in found.counter_entries),
+    }
+    failed = [claim for claim, ok in checks.items() if not ok]
+    if failed:
+        raise AssertionError("; ".join(failed))
+
+
+def compare_medians(a: Any, b: Any, name_a: str, name_b: str) -> str:
+    """A sentence comparing two timings (objects with median_s and spread_s): faster, slower, or not told apart
+    when the medians differ by less than the larger max-min spread."""
+    gap = abs(a.median_s - b.median_s)
+    spread = max(a.spread_s, b.spread_s)
+    ms = f"{a.median_s * 1e3:.1f} ms vs {b.median_s * 1e3:.1f} ms median"
+    if gap <= spread:
+        return (f"{name_a} and {name_b} are not told apart by this run: {ms}, a gap of {gap * 1e3:.1f} ms within "
+                f"the larger max-min spread ({spread * 1e3:.1f} ms)")
+    word = "faster" if a.median_s < b.median_s else "slower"
+    return f"{name_a} is {word} than {name_b}: {ms}, a gap of {gap * 1e3:.1f} ms beyond either max-min spread"
+
+
+# Recompiles across input shapes (notebook 05): checks on the graphs each resolution compiled.
+
+
+def check_shape_recompiles(default: dict[int, int], static_only: dict[int, int]) -> None:
+    """Raise AssertionError unless graphs compiled per resolution (first resolution first) show a static compile
+    recompiling: one graph for the first resolution and at least one for the second with dynamo's defaults, and,
+    with automatic dynamic shapes off (static_only), one graph for every resolution."""
+    first, second = list(default)[:2]
+    if default[first] != 1:
+        raise AssertionError(f"the first call must compile one graph: {default}")
+    if default[second] < 1:
+        raise AssertionError(f"a new resolution must recompile a static compile: {default}")
+    if list(static_only) != list(default) or any(n != 1 for n in static_only.values()):
+        raise AssertionError(f"without automatic dynamic shapes every resolution compiles one graph: {static_only}")
+
+
+def describe_shape_recompiles(default: dict[int, int], static_only: dict[int, int]) -> str:
+    """What the counts of check_shape_recompiles say, in words: where the default compile recompiled and why the
+    resolutions after that compiled nothing (the recompiled graph is dynamic in the dimensions that changed)."""
+    sizes = list(default)
+    again = [r for r in sizes[2:] if default[r] > 0]
+    reused = [r for r in sizes[2:] if default[r] == 0]
+    text = (f"dynamo's defaults compiled {default[sizes[0]]} graph at {sizes[0]} px and {default[sizes[1]]} at "
+            f"{sizes[1]} px (a recompile: the token dimension changed and the guards of the first graph failed)")
+    if reused:
+        text += (f"; {', '.join(f'{r} px' for r in reused)} compiled nothing: automatic dynamic shapes made the "
+                 f"recompiled graph dynamic in the dimensions that changed, and its guards accept "
+                 f"{'this size' if len(reused) == 1 else 'these sizes'}")
+    if again:
+        text += f"; {', '.join(f'{r} px ({default[r]})' for r in again)} compiled again"
+    total = sum(static_only.values())
+    return (text + f". With automatic dynamic shapes off, every resolution compiled its own graph: {total} graphs "
+            f"for {len(static_only)} resolutions, against {sum(default.values())} with the defaults.")
+
+
+def check_compiled_once(graphs: dict[Any, int], first_max: int = 1) -> None:
+    """Raise AssertionError unless the first entry of graphs compiled between 1 and first_max graphs and every
+    later entry compiled none (a dynamic compile serving every shape without recompiling)."""
+    counts = list(graphs.values())
+    if not counts or not 1 <= counts[0] <= first_max:
+        raise AssertionError(f"the first call must compile 1 to {first_max} graphs: {graphs}")
+    if any(n != 0 for n in counts[1:]):
+        raise AssertionError(f"a later shape recompiled: {graphs}")

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity
@@ -165,6 +164,8 @@ def _caller() -> str:
     for frame in reversed(traceback.extract_stack()):
         ours = frame.filename.endswith("helpers/syncs.py") and frame.name in _RECORDER_FRAMES
         if not ours and not any(s in frame.filename for s in _SKIP_FILES):
+            if "/ipykernel_" in frame.filename:  # a notebook cell: its file name is a hash that changes every run
+                return f"notebook cell, line {frame.lineno} ({frame.name})"
             parts = frame.filename.split("/")
             return f"{'/'.join(parts[-2:])}:{frame.lineno} ({frame.name})"
     return "unknown"
@@ -350,44 +351,33 @@ def count_syncs(fn: Callable[[], Any], device: torch.device, *, warmup: bool = T
 
 
 PLACEMENTS: tuple[str, ...] = ("device", "cpu")
+# Called with (scheduler, device) before the steps: sets the schedule (set_timesteps, set_begin_index, ...).
+Schedule = Callable[[Any, torch.device], None]
 
 
-def set_schedule(sched: Any, steps: int, placement: str, begin_index: bool, image_seq_len: int,
-                 device: torch.device, *, host_timesteps: bool = False) -> None:
-    """Set a flow-matching scheduler's schedule as FluxPipeline does (its sigmas, its mu), in the 'setup' phase.
-
-    placement 'device': sigmas and timesteps on device (what FluxPipeline does); 'cpu': sigmas on the CPU and
-    timesteps on device (what diffusers does for EulerDiscreteScheduler and the docs recommend). Either way the
-    timesteps the loop iterates over are on the device, so building each step's timestep copies nothing.
-    begin_index calls set_begin_index(0), which FluxPipeline does since diffusers PR 11696, so step() skips the
-    nonzero().item() lookup of the first step index. host_timesteps (only with 'cpu') leaves the timesteps on the
-    CPU too: the mistake this notebook guards against, since each step then copies its timestep to the device."""
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
+def check_placement(placement: str) -> str:
+    """placement if it is one of PLACEMENTS, else ValueError naming them."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}; allowed: {PLACEMENTS}")
-    if host_timesteps and placement != "cpu":
-        raise ValueError("host_timesteps=True needs placement='cpu'")
+    return placement
+
+
+def flux_mu(sched: Any, image_seq_len: int) -> float:
+    """The resolution-dependent shift mu FluxPipeline passes to set_timesteps, from the scheduler's config."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
     cfg = sched.config
-    mu = calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                         cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-    sigmas = None if cfg.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / steps, steps)
-    with phase("setup"):
-        if placement == "device":
-            sched.set_timesteps(steps if sigmas is None else None, device=device, sigmas=sigmas, mu=mu)
-        else:
-            sched.set_timesteps(steps if sigmas is None else None, device="cpu", sigmas=sigmas, mu=mu)
-            if not host_timesteps:
-                sched.timesteps = sched.timesteps.to(device)  # one copy per loop; the sigmas stay on the host
-        if begin_index:
-            sched.set_begin_index(0)
+    return calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
+                           cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
 
 
-def denoising_loop(pipe: Any, inputs: dict[str, Any], steps: int, placement: str, begin_index: bool,
-                   module: torch.nn.Module | None = None, *,
-                   host_timesteps: bool = False) -> Callable[[], torch.Tensor]:
-    """A callable running FluxPipeline's denoising loop once: set the schedule, then forward + step() per step
-    (host_timesteps: see set_schedule)."""
+def denoising_loop(pipe: Any, inputs: dict[str, Any], schedule: Schedule,
+                   module: torch.nn.Module | None = None) -> Callable[[], torch.Tensor]:
+    """A callable running FluxPipeline's denoising loop once on a fresh copy of the pipeline's scheduler:
+    schedule(scheduler, device) in the 'setup' phase, then forward + step() per timestep in the 'steps' phase.
+
+    In a modeled count (CPU) everything the pipeline keeps on its device is marked first, and device is the
+    stand-in device, so a copy to it counts as a host-to-device copy."""
     net = module if module is not None else pipe.transformer
     sched = type(pipe.scheduler).from_config(pipe.scheduler.config)
     latents0 = inputs["hidden_states"]
@@ -398,12 +388,12 @@ def denoising_loop(pipe: Any, inputs: dict[str, Any], steps: int, placement: str
         if modeling():  # everything the pipeline keeps on its device
             stand_in_for_device(latents0, *(v for v in fixed.values() if isinstance(v, torch.Tensor)),
                                 *net.parameters(), *net.buffers())
-        device = latents0.device  # the stand-in device in a modeled count
-        set_schedule(sched, steps, placement, begin_index, latents0.shape[1], device, host_timesteps=host_timesteps)
+        with phase("setup"):
+            schedule(sched, latents0.device)  # the stand-in device in a modeled count
         latents = latents0.clone()  # an inference tensor like every later step's, so guards see one kind
         with phase("steps"):
             for t in sched.timesteps:
-                # as FluxPipeline; t is on the device unless host_timesteps, and then this line copies it there
+                # as FluxPipeline; t is on the device unless the schedule left the timesteps on the CPU
                 timestep = t.expand(latents.shape[0]).to(latents.device, latents.dtype)
                 noise = net(hidden_states=latents, timestep=timestep / 1000, **fixed)[0]
                 latents = sched.step(noise, t, latents, return_dict=False)[0]
@@ -411,17 +401,12 @@ def denoising_loop(pipe: Any, inputs: dict[str, Any], steps: int, placement: str
     return call
 
 
-def euler_step_loop(scheduler_folder: str, steps: int, placement: str, device: torch.device,
+def euler_step_loop(scheduler_folder: str, schedule: Schedule, device: torch.device,
                     shape: tuple[int, ...] = (1, 4, 16, 16)) -> Callable[[], torch.Tensor]:
-    """A callable running only EulerDiscreteScheduler (SDXL's scheduler): set_timesteps, then per step
-    scale_model_input + step() on fixed random latents, with the begin index set so only sigma reads remain.
-
-    diffusers keeps this scheduler's sigmas on the CPU ('cpu'); placement 'device' moves them to the device after
-    set_timesteps, as older diffusers did, so step()'s `s_tmin <= sigma <= s_tmax` reads a device tensor."""
+    """A callable running only EulerDiscreteScheduler (SDXL's scheduler): schedule(scheduler, device) in the
+    'setup' phase, then per timestep scale_model_input + step() on fixed random latents in the 'steps' phase."""
     from diffusers import EulerDiscreteScheduler
 
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement={placement!r}; allowed: {PLACEMENTS}")
     sched = EulerDiscreteScheduler.from_config(EulerDiscreteScheduler.load_config(scheduler_folder))
     gen = torch.Generator(device="cpu").manual_seed(0)
     sample = torch.randn(shape, generator=gen).to(device)
@@ -430,12 +415,8 @@ def euler_step_loop(scheduler_folder: str, steps: int, placement: str, device: t
     @torch.inference_mode()
     def call() -> torch.Tensor:
         stand_in_for_device(sample, model_output)
-        dev = sample.device  # the stand-in device in a modeled count
         with phase("setup"):
-            sched.set_timesteps(steps, device=dev)  # diffusers moves the sigmas back to the CPU itself
-            sched.set_begin_index(0)
-            if placement == "device":
-                sched.sigmas = sched.sigmas.to(dev)
+            schedule(sched, sample.device)  # the stand-in device in a modeled count
         latents = sample
         with phase("steps"):
             for t in sched.timesteps:
@@ -443,3 +424,25 @@ def euler_step_loop(scheduler_folder: str, steps: int, placement: str, device: t
                 latents = sched.step(model_output, t, latents, return_dict=False)[0]
         return latents
     return call
+
+
+def debug_mode_disagreements(counts: dict[str, SyncCounts]) -> dict[str, dict[str, int | None]]:
+    """The counts whose CUDA sync-debug warnings differ from the syncs the recorder counted (empty: all agree).
+    A count without warnings (None: not taken on CUDA) disagrees too, so a check built on it cannot pass vacuously."""
+    return {name: {"sync-debug warnings": c.cuda_sync_warnings, "syncs counted": c.gpu_syncs}
+            for name, c in counts.items() if c.cuda_sync_warnings != c.gpu_syncs}
+
+
+def sync_debug_mode_unavailable_reason(device: torch.device) -> str:
+    """Why torch.cuda.set_sync_debug_mode cannot check this run's counts ('' on a CUDA device)."""
+    if device.type == "cuda":
+        return ""
+    why = (f"this run's device is {device.type}: torch.cuda.set_sync_debug_mode warns only at CUDA calls that "
+           "make the host wait for the GPU, and reading a CPU tensor waits for nothing, so it has nothing to warn "
+           "about (and no Memcpy HtoD/DtoH events exist)")
+    try:
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(previous)
+    except (AssertionError, RuntimeError) as err:  # a CPU-only build of torch cannot even switch it on
+        why += f"; on this build of torch it cannot even be switched on ({type(err).__name__}: {err})"
+    return why

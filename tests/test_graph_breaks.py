@@ -1,7 +1,12 @@
-"""Unit tests of helpers.graph_breaks' break report, blockwise fp32 reference and return_dict tracing (CPU, seconds)."""
+"""Unit tests of helpers.graph_breaks' break report, its checks, blockwise fp32 reference and return_dict tracing
+(CPU, seconds)."""
 
+import dataclasses
 import io
+import logging
+import types
 
+import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
@@ -17,6 +22,30 @@ def _tiny_flux(layers: int = 2, single_layers: int = 2):
               "pooled_projections": torch.randn(1, 32), "timestep": torch.ones(1), "img_ids": torch.zeros(16, 3),
               "txt_ids": torch.zeros(8, 3), "return_dict": False}
     return model, inputs
+
+
+# The fixes notebook 06 shows: two dynamo settings (the .item() and the logger call) and two rewrites.
+FIX_SETTINGS = {"capture_scalar_outputs": True, "ignore_logging_functions": {logging.Logger.info}}
+
+
+class EagerOnlyDebugProcessor(graph_breaks.DebugAttnProcessor):
+    def debug(self, out):
+        if not torch.compiler.is_compiling():
+            super().debug(out)
+
+
+def branchless_forward(self, hidden_states, **kwargs):
+    limit = graph_breaks.CLAMP_LIMIT
+    hidden_states = torch.where(hidden_states.abs() > limit, hidden_states.clamp(-limit, limit), hidden_states)
+    graph_breaks.logger.info("denoiser step on latents of shape %s", tuple(hidden_states.shape))
+    return FluxTransformer2DModel.forward(self, hidden_states, **kwargs)
+
+
+def rewrite_like_the_notebook(model, stream):
+    """The two code fixes of notebook 06, section 6 (the settings are FIX_SETTINGS)."""
+    model.set_attn_processor({**model.attn_processors,
+                              graph_breaks.DEBUG_PRINT_BLOCK: EagerOnlyDebugProcessor("print", stream)})
+    model.forward = types.MethodType(branchless_forward, model)
 
 
 def test_blockwise_fp32_reference_equals_a_whole_fp32_model():
@@ -58,13 +87,83 @@ def test_break_report_tables_add_up():
     assert any(e["graph break in a loop"] for e in found.counter_entries)
     assert any(f.startswith("forward (transformer_flux.py") for f in found.frames_given_up), found.frames_given_up
 
-    graph_breaks.apply_fixes(model, io.StringIO())
-    fixed = graph_breaks.find_breaks(model, inputs)
+    graph_breaks.check_tool_counts(found)  # the real report passes the notebook's checks
+    # ... and each check fails on a planted wrong value
+    for wrong in ({"explain_breaks": found.explain_graphs}, {"explain_reasons": found.explain_reasons + ["x"]},
+                  {"counter_graph_breaks": 1, "counter_unimplemented": 1}, {"frames_given_up": []},
+                  {"counter_entries": [{**e, "counter key": "graph_break"} for e in found.counter_entries]}):
+        with pytest.raises(AssertionError):
+            graph_breaks.check_tool_counts(dataclasses.replace(found, **wrong))
+
+    kinds = graph_breaks.kinds_found(found.explain_reasons + list(found.counter_reasons))
+    with torch._dynamo.config.patch(**FIX_SETTINGS):
+        by_settings = graph_breaks.find_breaks(model, inputs)
+        after = graph_breaks.kinds_found(by_settings.explain_reasons + list(by_settings.counter_reasons))
+        graph_breaks.check_fixed(kinds, after, (".item() in attention processor", "logger call in forward"))
+        rewrite_like_the_notebook(model, io.StringIO())
+        fixed = graph_breaks.find_breaks(model, inputs)
     assert fixed.frames_given_up == [] and fixed.counter_entries == [] and len(fixed.graphs) == 1
     assert fixed.graphs[0]["ends with"] == "return"
+
+
+def test_check_fixed_fails_on_planted_wrong_counts():
+    before = {"a": 2, "b": 1, "c": 3}
+    graph_breaks.check_fixed(before, {"a": 0, "b": 1, "c": 3}, ("a",))
+    with pytest.raises(AssertionError, match="a: still found after its fix"):
+        graph_breaks.check_fixed(before, {"a": 1, "b": 1, "c": 3}, ("a",))
+    with pytest.raises(AssertionError, match="b: gone although nothing fixed it"):
+        graph_breaks.check_fixed(before, {"a": 0, "b": 0, "c": 3}, ("a",))
+    with pytest.raises(AssertionError, match="c: not found before"):
+        graph_breaks.check_fixed({**before, "c": 0}, {"a": 0, "b": 1, "c": 0}, ("a",))
+
+
+def test_hints_and_compare_medians():
+    log = ["Graph break", "  Hint: use torch.where", "x", "  Hint: use torch.where", "  Hint: capture"]
+    assert graph_breaks.hints(log) == ["Hint: use torch.where", "Hint: capture"]
+    t = types.SimpleNamespace
+    fast, slow, noisy = t(median_s=0.08, spread_s=0.005), t(median_s=0.10, spread_s=0.004), t(median_s=0.10, spread_s=0.05)
+    assert graph_breaks.compare_medians(fast, slow, "A", "B").startswith("A is faster than B")
+    assert graph_breaks.compare_medians(slow, fast, "B", "A").startswith("B is slower than A")
+    assert graph_breaks.compare_medians(fast, noisy, "A", "C").startswith("A and C are not told apart")
 
 
 def test_return_dict_output_dataclass_traces_without_a_break():
     model, inputs = _tiny_flux(1, 1)
     found = graph_breaks.find_breaks(model, {**inputs, "return_dict": True})
     assert found.explain_graphs == 1 and found.breaks == 0 and found.counter_unimplemented == 0
+
+
+def test_shape_recompile_checks_fail_on_planted_counts():
+    default, static_only = {128: 1, 96: 1, 64: 0}, {128: 1, 96: 1, 64: 1}
+    graph_breaks.check_shape_recompiles(default, static_only)
+    text = graph_breaks.describe_shape_recompiles(default, static_only)
+    assert "64 px compiled nothing: automatic dynamic shapes" in text and "3 graphs for 3 resolutions" in text
+    assert "compiled again" in graph_breaks.describe_shape_recompiles({128: 1, 96: 1, 64: 1}, static_only)
+    for wrong_default, wrong_static in (({128: 2, 96: 1, 64: 0}, static_only), ({128: 1, 96: 0, 64: 0}, static_only),
+                                        (default, {128: 1, 96: 1, 64: 0}), (default, {128: 1, 96: 1})):
+        with pytest.raises(AssertionError):
+            graph_breaks.check_shape_recompiles(wrong_default, wrong_static)
+    graph_breaks.check_compiled_once({128: 1, 96: 0, 64: 0})
+    graph_breaks.check_compiled_once({128: 3}, first_max=4)
+    for wrong, first_max in (({128: 1, 96: 1, 64: 0}, 1), ({128: 0, 96: 0}, 1), ({128: 2}, 1), ({}, 1), ({128: 5}, 4)):
+        with pytest.raises(AssertionError):
+            graph_breaks.check_compiled_once(wrong, first_max=first_max)
+
+
+def test_automatic_dynamic_shapes_is_why_a_third_shape_compiles_nothing():
+    from helpers import compile_tools
+
+    def graphs_per_shape(automatic: bool) -> dict[int, int]:
+        compile_tools.reset()
+        fn = torch.compile(lambda x: (x * 2).sum(0), fullgraph=True, backend="eager")
+        got = {}
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=automatic):
+            for n in (8, 6, 4):
+                with compile_tools.counting() as c:
+                    fn(torch.ones(n, 3))
+                got[n] = c.graphs
+        return got
+
+    default, static_only = graphs_per_shape(True), graphs_per_shape(False)
+    assert default == {8: 1, 6: 1, 4: 0} and static_only == {8: 1, 6: 1, 4: 1}
+    graph_breaks.check_shape_recompiles(default, static_only)

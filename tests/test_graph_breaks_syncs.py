@@ -9,6 +9,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from helpers import graph_breaks, syncs
+from tests.test_graph_breaks import FIX_SETTINGS, rewrite_like_the_notebook
 
 
 def _tiny_flux():
@@ -38,11 +39,15 @@ def test_planted_breaks_are_found_and_fixed():
     ok, message, _, _ = graph_breaks.fullgraph_attempt(model, inputs, backend="eager")
     assert not ok and "Unsupported" in message
 
-    graph_breaks.apply_fixes(model, stream)
-    fixed = graph_breaks.find_breaks(model, inputs)
-    assert fixed.breaks == 0 and fixed.explain_graphs == 1 and fixed.counter_unimplemented == 0
-    ok, message, _, out = graph_breaks.fullgraph_attempt(model, inputs, backend="eager")
+    rewrite_like_the_notebook(model, stream)
+    with torch._dynamo.config.patch(**FIX_SETTINGS):
+        fixed = graph_breaks.find_breaks(model, inputs)
+        assert fixed.breaks == 0 and fixed.explain_graphs == 1 and fixed.counter_unimplemented == 0
+        stats = model.attn_processors[graph_breaks.DEBUG_ITEM_BLOCK]
+        stats.last_std = None
+        ok, message, _, out = graph_breaks.fullgraph_attempt(model, inputs, backend="eager")
     assert ok and message == "" and graph_breaks.relative_error(out[0], ref) < 1e-5
+    assert isinstance(stats.last_std, float), "the captured .item() still reaches the processor"
     graph_breaks.restore(model)
     assert "forward" not in model.__dict__
     assert all(type(p).__name__ == "FluxAttnProcessor" for p in model.attn_processors.values())
@@ -171,23 +176,49 @@ def test_count_syncs_of_a_read_free_function_is_zero():
     assert counts.host_reads == 0 and counts.reads == [] and counts.copies == []
 
 
-def test_set_schedule_and_begin_index():
+def flux_schedule(steps, image_seq_len, placement, begin_index, host_timesteps=False):
+    """The schedule notebook 07 shows (sigmas on the device or on the CPU, begin index set or not)."""
+    syncs.check_placement(placement)
+
+    def schedule(sched, device):
+        sigmas, mu = np.linspace(1.0, 1 / steps, steps), syncs.flux_mu(sched, image_seq_len)
+        if placement == "device":
+            sched.set_timesteps(sigmas=sigmas, mu=mu, device=device)
+        else:
+            sched.set_timesteps(sigmas=sigmas, mu=mu, device="cpu")
+            if not host_timesteps:
+                sched.timesteps = sched.timesteps.to(device)
+        if begin_index:
+            sched.set_begin_index(0)
+    return schedule
+
+
+def euler_schedule(steps, placement):
+    """The Euler schedule notebook 07 shows."""
+    def schedule(sched, device):
+        sched.set_timesteps(steps, device=device)
+        sched.set_begin_index(0)
+        if placement == "device":
+            sched.sigmas = sched.sigmas.to(device)
+    return schedule
+
+
+def test_schedule_matches_flux_pipeline():
     from diffusers import FlowMatchEulerDiscreteScheduler
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
-    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
     with pytest.raises(ValueError, match="placement"):
-        syncs.set_schedule(sched, 2, "gpu", False, 64, torch.device("cpu"))
-    with pytest.raises(ValueError, match="host_timesteps"):
-        syncs.set_schedule(sched, 2, "device", False, 64, torch.device("cpu"), host_timesteps=True)
-    syncs.set_schedule(sched, 3, "cpu", True, 64, torch.device("cpu"))
+        syncs.check_placement("gpu")
+    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
+    flux_schedule(3, 64, "cpu", True)(sched, torch.device("cpu"))
     assert sched.begin_index == 0 and len(sched.timesteps) == 3 and sched.sigmas.device.type == "cpu"
     mine = sched.timesteps.clone()
-    syncs.set_schedule(sched, 3, "device", False, 64, torch.device("cpu"))
+    flux_schedule(3, 64, "device", False)(sched, torch.device("cpu"))
     assert sched.begin_index is None and torch.equal(sched.timesteps, mine)
     ref = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)  # FluxPipeline's own schedule
     c = ref.config
     mu = calculate_shift(64, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
+    assert syncs.flux_mu(ref, 64) == mu
     timesteps, _ = retrieve_timesteps(ref, 3, "cpu", sigmas=np.linspace(1.0, 1 / 3, 3), mu=mu)
     assert torch.equal(timesteps, mine)
 
@@ -202,11 +233,12 @@ def _tiny_pipe():
 
 def test_flux_loop_syncs_by_placement_and_begin_index():
     pipe, inputs = _tiny_pipe()
-    steps = 3
+    steps, tokens = 3, inputs["hidden_states"].shape[1]
     got = {}
     for placement in syncs.PLACEMENTS:
         for begin in (False, True):
-            c, out = syncs.count_syncs(syncs.denoising_loop(pipe, inputs, steps, placement, begin), torch.device("cpu"))
+            loop = syncs.denoising_loop(pipe, inputs, flux_schedule(steps, tokens, placement, begin))
+            c, out = syncs.count_syncs(loop, torch.device("cpu"))
             got[(placement, begin)] = c
             assert out.shape == inputs["hidden_states"].shape
             assert c.syncs_in("setup") == c.blocking_copies == 1, c.by_source()
@@ -214,9 +246,9 @@ def test_flux_loop_syncs_by_placement_and_begin_index():
             assert c.host_reads == c.device_reads  # every read the profiler saw, the recorder placed
     assert got[("device", False)].gpu_syncs == got[("cpu", False)].gpu_syncs == 3
     assert got[("device", True)].gpu_syncs == got[("cpu", True)].gpu_syncs == 1
-    # the mistake the placement 'cpu' used to make: timesteps on the host, so every step copies its timestep
-    c, _ = syncs.count_syncs(syncs.denoising_loop(pipe, inputs, steps, "cpu", True, host_timesteps=True),
-                             torch.device("cpu"))
+    # the mistake to avoid: timesteps on the host, so every step copies its timestep
+    loop = syncs.denoising_loop(pipe, inputs, flux_schedule(steps, tokens, "cpu", True, host_timesteps=True))
+    c, _ = syncs.count_syncs(loop, torch.device("cpu"))
     assert c.syncs_in("setup") == 0 and c.syncs_in("steps") == c.blocking_copies == steps, c.by_source()
     assert all(x.direction == "host to device" and "(call)" in x.source for x in c.copies)
 
@@ -225,13 +257,45 @@ def test_euler_step_loop_sigma_reads_by_placement():
     from helpers import pipelines
 
     folder = str(pipelines.config_dir("sdxl", "smoke") / "scheduler")
-    with pytest.raises(ValueError, match="placement"):
-        syncs.euler_step_loop(folder, 3, "gpu", torch.device("cpu"))
-    cpu, out = syncs.count_syncs(syncs.euler_step_loop(folder, 3, "cpu", torch.device("cpu")), torch.device("cpu"))
-    dev, _ = syncs.count_syncs(syncs.euler_step_loop(folder, 3, "device", torch.device("cpu")), torch.device("cpu"))
+    cpu, out = syncs.count_syncs(syncs.euler_step_loop(folder, euler_schedule(3, "cpu"), torch.device("cpu")),
+                                 torch.device("cpu"))
+    dev, _ = syncs.count_syncs(syncs.euler_step_loop(folder, euler_schedule(3, "device"), torch.device("cpu")),
+                               torch.device("cpu"))
     assert out.shape == (1, 4, 16, 16)
     for c in (cpu, dev):
         assert c.scalar_reads == 6 and c.reads_from("scheduling_euler_discrete") == 6
     assert cpu.syncs_in("steps") == 0 and dev.syncs_in("steps") == 6 == dev.syncs_from("(step)")
     assert cpu.syncs_in("setup") == 3 and dev.syncs_in("setup") == 4  # set_timesteps: 2 copies in, 1 back
     assert cpu.gpu_syncs < dev.gpu_syncs
+
+
+def _counts(warnings, reads, copies):
+    read = syncs.HostRead("item", "cuda", "x.py:1 (f)", device_placed=True)
+    copy = syncs.Copy("host to device", True, "x.py:2 (f)")
+    return syncs.SyncCounts(profiler_ops={}, reads=[read] * reads, copies=[copy] * copies, modeled=False,
+                            cuda_sync_warnings=warnings)
+
+
+def test_debug_mode_disagreements_fails_on_planted_counts():
+    agree = {"a": _counts(3, 2, 1), "b": _counts(0, 0, 0)}
+    assert syncs.debug_mode_disagreements(agree) == {}
+    planted = {**agree, "missed a sync": _counts(2, 2, 1), "invented one": _counts(4, 2, 1),
+               "not on CUDA": _counts(None, 0, 0)}
+    bad = syncs.debug_mode_disagreements(planted)
+    assert set(bad) == {"missed a sync", "invented one", "not on CUDA"}
+    assert bad["missed a sync"] == {"sync-debug warnings": 2, "syncs counted": 3}
+
+
+def test_sync_debug_mode_reason():
+    assert syncs.sync_debug_mode_unavailable_reason(torch.device("cuda")) == ""
+    why = syncs.sync_debug_mode_unavailable_reason(torch.device("cpu"))
+    assert "device is cpu" in why and "nothing to warn" in why
+    if not torch.backends.cuda.is_built():
+        assert "cannot even be switched on" in why
+
+
+def test_a_read_in_a_notebook_cell_is_named_by_its_line_not_the_cell_file():
+    scope = {"torch": torch}
+    exec(compile("def cell_fn():\n    return torch.ones(1).item()\n", "/tmp/ipykernel_1/123456.py", "exec"), scope)  # noqa: S102 (a planted cell)
+    counts, _ = syncs.count_syncs(scope["cell_fn"], torch.device("cpu"))
+    assert [r.source for r in counts.reads] == ["notebook cell, line 2 (cell_fn)"]
