@@ -13,14 +13,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# "naive" is our explicit softmax(Q K^T / sqrt(d)) V; the others are torch SDPA with one backend forced.
+# "naive" is our explicit softmax(Q K^T / sqrt(d)) V; "sdpa" is torch SDPA choosing its backend (what diffusers
+# does by default); the others are torch SDPA with one backend forced.
 SDPA_BACKENDS: dict[str, SDPBackend] = {
     "sdpa-math": SDPBackend.MATH,
     "sdpa-flash": SDPBackend.FLASH_ATTENTION,
     "sdpa-efficient": SDPBackend.EFFICIENT_ATTENTION,
     "sdpa-cudnn": SDPBackend.CUDNN_ATTENTION,
 }
-IMPLEMENTATIONS: tuple[str, ...] = ("naive", *SDPA_BACKENDS)
+IMPLEMENTATIONS: tuple[str, ...] = ("naive", "sdpa", *SDPA_BACKENDS)
 REFERENCE = "sdpa-math"
 _NAIVE_CALLS: list[int] = [0]  # calls of naive_attention so far, to prove the naive processor was in effect
 
@@ -77,6 +78,9 @@ def implementation(module: torch.nn.Module, name: str) -> Iterator[None]:
     """Inside the block module's attention runs with the named implementation (naive processor or one SDPA backend)."""
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {name!r}; allowed: {IMPLEMENTATIONS}")
+    if name == "sdpa":
+        yield
+        return
     if name != "naive":
         with sdpa_kernel(SDPA_BACKENDS[name]):
             yield
@@ -99,7 +103,7 @@ def with_implementation(fn: Callable[[], Any], module: torch.nn.Module, name: st
 
 def unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, head_dim: int = 64) -> str:
     """Why the named implementation cannot run on device in dtype (tried on a small input), or '' when it can."""
-    if name == "naive":
+    if name in ("naive", "sdpa"):
         return ""
     q = torch.zeros(1, 2, 128, head_dim, device=device, dtype=dtype)
     try:

@@ -11,7 +11,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch._C._autograd import DeviceType
@@ -240,6 +240,20 @@ def check_fraction_of_peak(fraction: float, peak_is_native: bool) -> str:
         raise AssertionError(f"the step ran at {100 * fraction:.0f}% of the measured matmul peak, above the "
                              f"{100 * (1 + PEAK_NOISE_MARGIN):.0f}% noise allows: the peak or the step time is wrong")
     return ""
+
+
+T = TypeVar("T")
+
+
+def out_of_memory(fn: Callable[[], T]) -> tuple[T | None, str]:
+    """(fn's result, '') or, when it ran out of device memory, (None, the error's first line) with the cache freed."""
+    try:
+        return fn(), ""
+    except torch.OutOfMemoryError as err:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return None, (str(err).strip().splitlines() or ["out of memory"])[0]
 
 
 def human_flops(flops: float) -> str:

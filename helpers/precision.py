@@ -174,6 +174,12 @@ def cast_pipeline(pipe: Any, dtype: torch.dtype, master: dict[str, dict[str, tor
         module.load_state_dict(master[name])
 
 
+def cast_components(pipe: Any, dtype: torch.dtype) -> None:
+    """Put every model component of pipe in dtype in place (pipe.to(dtype) without diffusers' keep-in-fp32 warning)."""
+    for module in _modules(pipe).values():
+        cast_module(module, dtype)
+
+
 def parameter_bytes(module: torch.nn.Module | Any) -> int:
     """Bytes held by the parameters of a module, or of all model components of a pipeline."""
     modules = [module] if isinstance(module, torch.nn.Module) else list(_modules(module).values())

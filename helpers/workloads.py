@@ -62,12 +62,13 @@ def denoiser_call(pipe: Any, inputs: dict[str, Any], module: torch.nn.Module | N
     return call
 
 
-def run_inputs(pipe: Any, run: Run, *, height: int | None = None, width: int | None = None) -> dict[str, Any]:
-    """Denoiser inputs at the run's resolution (or the one given) and text length."""
+def run_inputs(pipe: Any, run: Run, *, height: int | None = None, width: int | None = None,
+               batch_size: int = 1) -> dict[str, Any]:
+    """Denoiser inputs for batch_size images at the run's resolution (or the one given) and text length."""
     s = run.settings
     return pipelines.denoiser_inputs(pipe, height=height or s.height, width=width or s.width,
                                      max_sequence_length=s.max_sequence_length, guidance=s.guidance,
-                                     seed=run.seed)
+                                     seed=run.seed, batch_size=batch_size)
 
 
 def vae_decode_call(pipe: Any, run: Run) -> Callable[[], Any]:

@@ -35,10 +35,13 @@ def test_naive_processor_is_in_effect_and_matches_sdpa(model):
     out = attention.with_implementation(step, net, "naive")()
     assert attention.naive_calls() - before == len(calls) > 0, "the naive processor did not replace every SDPA call"
     assert precision.drift(workloads.first_output(out), workloads.first_output(ref)).rel_l2 < 1e-5
-    # the model's own processors are back afterwards: no naive call on a plain step
+    # the model's own processors are back afterwards: no naive call on a plain step, nor under "sdpa" (the default)
     before = attention.naive_calls()
     step()
+    sdpa = attention.with_implementation(step, net, "sdpa")()
     assert attention.naive_calls() == before
+    assert precision.drift(workloads.first_output(sdpa), workloads.first_output(ref)).rel_l2 == 0
+    assert attention.unavailable_reason("sdpa", CPU, torch.float32) == ""
 
 
 def test_unknown_implementation_is_refused():

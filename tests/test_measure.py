@@ -121,3 +121,16 @@ def test_cpu_matmul_peak_tries_several_sizes_and_names_them(monkeypatch):
     environment.measure_matmul_peak.cache_clear()
     assert peak.tflops > 0 and peak.size in (64, 128)
     assert "64^3" in peak.note and "128^3" in peak.note and "CPU threads" in peak.note
+
+
+def test_out_of_memory_returns_the_reason_and_lets_other_errors_through():
+    assert measure.out_of_memory(lambda: 42) == (42, "")
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+    assert measure.out_of_memory(oom) == (None, "CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def other():
+        raise RuntimeError("shape mismatch")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        measure.out_of_memory(other)
