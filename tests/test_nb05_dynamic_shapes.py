@@ -13,17 +13,20 @@ def test_dynamic_shapes_rows(tmp_path):
     static = {r: nb.row(f"default compile @ {r}") for r in resolutions}
     assert static[128]["extra"]["graphs"] == 1
     assert static[96]["recompiles"] >= 1, "the negative control: a new resolution recompiles"
+    # why the later resolutions compile nothing with the defaults: without automatic dynamic shapes each compiles
+    static_only = nb.row("static graphs without automatic dynamic shapes")["extra"]
+    assert list(static_only["graphs_by_resolution"].values()) == [1, 1, 1], static_only
     for r in resolutions[1:]:
         assert nb.row(f"dynamic=True @ {r}")["recompiles"] == 0
     dyn, marked = nb.row("dynamic kernels step"), nb.row("mark_dynamic kernels step")
-    assert dyn["recompiles"] == 0 and marked["recompiles"] == 0
-    assert len(dyn["extra"]["resolutions"]) >= 3 and dyn["compile_s"] > dyn["latency_median_s"] > 0
+    assert dyn["recompiles"] == 0 and dyn["latency_median_s"] > 0
+    assert marked["extra"]["graphs"] == 1 and marked["latency_median_s"] > 0  # later sizes: error_on_recompile
+    assert len(dyn["extra"]["resolutions"]) >= 3
     stat = nb.row("static kernels step")
     # timed while the one static graph was the only one held, and nothing compiled during the timed calls
     assert stat["extra"]["graphs_held"] == 1 and stat["recompiles"] == 0 and stat["latency_median_s"] > 0
     regional = nb.row("regional dynamic kernels step")
-    assert regional["extra"]["graphs"] >= 1 and regional["recompiles"] == 0
-    assert regional["compile_s"] > regional["latency_median_s"] > 0
+    assert regional["extra"]["graphs"] >= 1 and regional["latency_median_s"] > 0
     cost = nb.row("dynamic vs static")["extra"]
     assert cost["dynamic_over_static"] == pytest.approx(dyn["latency_median_s"] / stat["latency_median_s"])
     assert cost["regional_over_static"] == pytest.approx(regional["latency_median_s"] / stat["latency_median_s"])
