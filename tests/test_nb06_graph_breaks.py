@@ -49,7 +49,6 @@ def test_graph_break_rows(tmp_path):
                      "denoiser compiled, fixed (fullgraph=True)"):
         row = nb.row(scenario)
         assert row["status"] == "ok" and row["latency_median_s"] > 0 and len(row["latency_samples_s"]) == 3
-    assert broken["compile_s"] > 0 and whole["compile_s"] > 0
 
     parity_row = nb.row("parity vs fp32")
     parity = parity_row["extra"]

@@ -17,7 +17,6 @@ def test_scheduler_sync_rows(tmp_path):
     rows = {(p, b): nb.row(f"syncs: sigmas on {p}, begin_index {b}")["extra"] for p, b in SETTINGS}
     for (p, b), extra in rows.items():
         assert extra["placement"] == p and extra["syncs_counted"].startswith("modeled")
-        assert extra["real_syncs"] == 0  # a CPU run has no device to wait for
         assert extra["sync_warnings"] is None and extra["htod_memcpy"] is None and extra["dtoh_memcpy"] is None
         # one blocking copy per loop while setting the schedule, whatever the placement
         assert extra["setup_syncs"] == 1 and extra["blocking_copies"] == 1
@@ -40,7 +39,7 @@ def test_scheduler_sync_rows(tmp_path):
 
     euler = {p: nb.row(f"euler step syncs: sigmas on {p}")["extra"] for p in ("device", "cpu")}
     for p, extra in euler.items():
-        assert extra["item_calls_per_step"] == 2 and extra["real_syncs"] == 0
+        assert extra["item_calls_per_step"] == 2
         assert extra["step_syncs"] == (2 * steps if p == "device" else 0)
     # the claim: fewer syncs with the sigmas on the CPU (Euler), in the steps and over the whole loop
     assert euler["cpu"]["syncs_per_loop"] < euler["device"]["syncs_per_loop"]
