@@ -13,7 +13,7 @@ mode; the prompt embeddings and packed latents come from the pipeline's own `enc
 `prepare_latents` under it.
 
 The fit checks use `helpers.footprint`: weight bytes per component (bf16, fp32, NF4 with the layout
-bitsandbytes gives `quantize.nf4_config`, checked byte for byte against real NF4 loads of the smoke models), and
+bitsandbytes gives notebook 09's BitsAndBytesConfig, checked byte for byte against real NF4 loads of the smoke models), and
 the weights each notebook's full scenarios hold on the GPU at once, each of which must leave >= 10 GiB of a
 78 GiB H100 free. Every check has a planted wrong input that makes it fail.
 """
@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from helpers import footprint, pipelines, quantize
 from helpers.params import PROFILE_SETTINGS
+from tests.test_offload_quantize import NF4, load_nf4
 
 FULL = PROFILE_SETTINGS["full"]
 # Published sizes (data/configs/README.md): DiT 11.90 B, CLIP-L 123.1 M, T5-XXL encoder 4.762 B, VAE 83.8 M.
@@ -95,14 +96,12 @@ def test_bf16_and_fp32_weight_bytes(sizes):
 
 def test_nf4_layout_matches_real_quantizers_on_smoke(tmp_path):
     """footprint.nf4_bytes predicts, byte for byte, what diffusers' and transformers' NF4 loads hold (smoke)."""
-    for cls in (pipelines._MODEL_CLASSES["flux-dev"][n] for n in QUANTIZED):
-        cfg = quantize.nf4_config(cls)
-        assert not cfg.bnb_4bit_use_double_quant, "nested quantization changes the scale bytes footprint counts"
+    assert "bnb_4bit_use_double_quant" not in NF4, "nested quantization changes the scale bytes footprint counts"
     pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.bfloat16)
     for name in QUANTIZED:
         bf16 = getattr(pipe, name)
         bf16.save_pretrained(tmp_path / name)
-        nf4, _ = quantize.load_nf4(type(bf16), tmp_path / name, "cpu")
+        nf4 = load_nf4(type(bf16), tmp_path / name)  # notebook 09's recipe, as its unit tests run it
         predicted, real = footprint.nf4_bytes(bf16), quantize.footprint_bytes(nf4)
         assert predicted["total_bytes"] == real["total_bytes"], (name, predicted, real)
         assert predicted["scale_bytes"] == quantize.linear4bit_bytes(nf4)["scale_bytes"], name
