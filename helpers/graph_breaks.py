@@ -344,19 +344,6 @@ def check_tool_counts(found: BreakReport) -> None:
         raise AssertionError("; ".join(failed))
 
 
-def compare_medians(a: Any, b: Any, name_a: str, name_b: str) -> str:
-    """A sentence comparing two timings (objects with median_s and spread_s): faster, slower, or not told apart
-    when the medians differ by less than the larger max-min spread."""
-    gap = abs(a.median_s - b.median_s)
-    spread = max(a.spread_s, b.spread_s)
-    ms = f"{a.median_s * 1e3:.1f} ms vs {b.median_s * 1e3:.1f} ms median"
-    if gap <= spread:
-        return (f"{name_a} and {name_b} are not told apart by this run: {ms}, a gap of {gap * 1e3:.1f} ms within "
-                f"the larger max-min spread ({spread * 1e3:.1f} ms)")
-    word = "faster" if a.median_s < b.median_s else "slower"
-    return f"{name_a} is {word} than {name_b}: {ms}, a gap of {gap * 1e3:.1f} ms beyond either max-min spread"
-
-
 # Recompiles across input shapes (notebook 05): checks on the graphs each resolution compiled.
 
 

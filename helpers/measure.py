@@ -256,6 +256,18 @@ def out_of_memory(fn: Callable[[], T]) -> tuple[T | None, str]:
         return None, (str(err).strip().splitlines() or ["out of memory"])[0]
 
 
+def compare_medians(a: Timing, b: Timing, name_a: str, name_b: str) -> str:
+    """A sentence comparing two timings: faster, slower, or not told apart (medians within the larger spread)."""
+    gap = abs(a.median_s - b.median_s)
+    spread = max(a.spread_s, b.spread_s)
+    ms = f"{a.median_s * 1e3:.1f} ms vs {b.median_s * 1e3:.1f} ms median"
+    if gap <= spread:
+        return (f"{name_a} and {name_b} are not told apart by this run: {ms}, a gap of {gap * 1e3:.1f} ms within "
+                f"the larger max-min spread ({spread * 1e3:.1f} ms)")
+    word = "faster" if a.median_s < b.median_s else "slower"
+    return f"{name_a} is {word} than {name_b}: {ms}, a gap of {gap * 1e3:.1f} ms beyond either max-min spread"
+
+
 def human_flops(flops: float) -> str:
     """A FLOP count with a readable prefix: '1.23 GFLOP'."""
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

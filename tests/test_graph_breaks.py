@@ -10,7 +10,7 @@ import pytest
 import torch
 from diffusers import FluxTransformer2DModel
 
-from helpers import graph_breaks
+from helpers import graph_breaks, measure
 
 
 def _tiny_flux(layers: int = 2, single_layers: int = 2):
@@ -122,9 +122,9 @@ def test_hints_and_compare_medians():
     assert graph_breaks.hints(log) == ["Hint: use torch.where", "Hint: capture"]
     t = types.SimpleNamespace
     fast, slow, noisy = t(median_s=0.08, spread_s=0.005), t(median_s=0.10, spread_s=0.004), t(median_s=0.10, spread_s=0.05)
-    assert graph_breaks.compare_medians(fast, slow, "A", "B").startswith("A is faster than B")
-    assert graph_breaks.compare_medians(slow, fast, "B", "A").startswith("B is slower than A")
-    assert graph_breaks.compare_medians(fast, noisy, "A", "C").startswith("A and C are not told apart")
+    assert measure.compare_medians(fast, slow, "A", "B").startswith("A is faster than B")
+    assert measure.compare_medians(slow, fast, "B", "A").startswith("B is slower than A")
+    assert measure.compare_medians(fast, noisy, "A", "C").startswith("A and C are not told apart")
 
 
 def test_return_dict_output_dataclass_traces_without_a_break():
