@@ -242,12 +242,11 @@ def measure_steady(work: Workload, recipes: dict[str, str], cache_dir: Path, *, 
     return SteadyCompare(process_wall_s=wall, **data)
 
 
-def _child(args: argparse.Namespace) -> dict[str, Any]:
-    """Inside the fresh process: build, eager reference and timing, compile, time first and steady calls, profile."""
-    t_start = time.perf_counter()
+def _built(args: argparse.Namespace) -> tuple[Any, Any, Callable[[], Any], Any]:
+    """Inside the fresh process: the workload's pipeline, its denoiser, one step as a callable, and the device."""
     import torch
 
-    from helpers import compile_tools, measure, params, pipelines
+    from helpers import params, pipelines
 
     work = Workload(**json.loads(args.work))
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -261,6 +260,17 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     def call() -> Any:
         with torch.inference_mode():
             return net(**inputs)[0]
+    return pipe, net, call, device
+
+
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    """Inside the fresh process: build, eager reference and timing, compile, time first and steady calls, profile."""
+    t_start = time.perf_counter()
+    import torch
+
+    from helpers import compile_tools, measure
+
+    pipe, _net, call, device = _built(args)
 
     reference = call()
     eager = measure.time_callable(call, device, repeats=args.repeats, warmup=args.warmup)
@@ -295,23 +305,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
 
 def _steady_child(args: argparse.Namespace) -> dict[str, Any]:
     """Inside the fresh process: build, compile by each recipe (warm caches), time all settings interleaved, profile."""
-    import torch
 
-    from helpers import compile_tools, measure, params, pipelines
+    from helpers import compile_tools, measure
 
-    work = Workload(**json.loads(args.work))
     recipes: dict[str, str] = json.loads(args.steady)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    pipe = pipelines.build_pipeline(work.model, work.profile, weights=work.weights,
-                                    dtype=params.DTYPES[work.dtype], device=device, seed=work.seed,
-                                    denoiser_config=work.denoiser_config or None)
-    inputs = pipelines.denoiser_inputs(pipe, height=work.height, width=work.width, guidance=work.guidance,
-                                       max_sequence_length=work.max_sequence_length, seed=work.seed)
-    net = pipelines.denoiser(pipe)
-
-    def call() -> Any:
-        with torch.inference_mode():
-            return net(**inputs)[0]
+    pipe, net, call, device = _built(args)
 
     reference = call()
     states: dict[str, dict[Any, Any]] = {"eager": {}}
@@ -327,7 +325,7 @@ def _steady_child(args: argparse.Namespace) -> dict[str, Any]:
             states[label] = compile_tools.compiled_state(net)
 
         with compile_tools.counting() as later:
-            timings = compile_tools.time_interleaved({k: call for k in states}, device, repeats=args.repeats,
+            timings = measure.time_interleaved({k: call for k in states}, device, repeats=args.repeats,
                                                      warmup=args.warmup,
                                                      setup=lambda label: compile_tools.set_compiled_state(
                                                          net, states[label]))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,26 +231,6 @@ def set_compiled_state(net: torch.nn.Module, state: dict[torch.nn.Module, Any]) 
     """Make net run as recorded by compiled_state (an empty state: eager), without compiling anything."""
     for m in net.modules():
         m._compiled_call_impl = state.get(m)
-
-
-def time_interleaved(calls: dict[str, Callable[[], Any]], device: torch.device, *, repeats: int, warmup: int,
-                     setup: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Time each callable once per round, in turn (warmup untimed rounds, then `repeats` timed ones), so load that
-    changes during the measurement lands on every setting alike; setup(name), if given, runs untimed before each
-    call. A measure.Timing per name."""
-    from helpers import measure
-
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    method = ""
-    for round_ in range(warmup + repeats):
-        for name, fn in calls.items():
-            if setup is not None:
-                setup(name)
-            timing = measure.time_callable(fn, device, repeats=1, warmup=0)
-            method = timing.method
-            if round_ >= warmup:
-                samples[name].extend(timing.samples_s)
-    return {name: measure.Timing(samples_s=v, warmup=warmup, method=method) for name, v in samples.items()}
 
 
 def uncompile(module: torch.nn.Module) -> torch.nn.Module:

@@ -53,8 +53,10 @@ class Job:
 # each group answers. A reduced full-profile setting is always a notebook parameter, so it lands in the rows
 # (steps, warm-up, samples, knobs) and in the executed notebook's injected-parameters cell.
 GROUPS: dict[str, list[Job]] = {
-    "G1": [Job("00_setup_and_baseline", 100), Job("03_torch_compile", 250, {"MODES": ["default"]})],
-    "G2": [Job("04_regional_compilation", 260)],
+    # 03 times eager beside every compiled mode (7 more eager pipelines per mode, ~50 s); 04 runs a fifth process
+    # that compiles both ways from warm caches and times eager/full/regional in turn (~80 s)
+    "G1": [Job("00_setup_and_baseline", 100), Job("03_torch_compile", 300, {"MODES": ["default"]})],
+    "G2": [Job("04_regional_compilation", 340)],
     "G3a": [Job("05_dynamic_shapes", 330)],
     # Flux's 01 waits for a knob that skips fp32 pipelines; 02 gained a batch sweep and an fp32/fp16 section, so
     # its SDXL run moved here beside 01's

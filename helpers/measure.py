@@ -98,6 +98,24 @@ def time_callable(fn: Callable[[], Any], device: torch.device, *, repeats: int, 
     return Timing(samples_s=samples, warmup=warmup, method=method)
 
 
+def time_interleaved(calls: dict[str, Callable[[], Any]], device: torch.device, *, repeats: int, warmup: int,
+                     setup: Callable[[str], None] | None = None) -> dict[str, Timing]:
+    """Time each callable once per round, in turn (warmup untimed rounds, then `repeats` timed ones), so load that
+    changes during the measurement lands on every setting alike; setup(name), if given, runs untimed before each
+    call. A Timing per name."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    method = ""
+    for round_ in range(warmup + repeats):
+        for name, fn in calls.items():
+            if setup is not None:
+                setup(name)
+            timing = time_callable(fn, device, repeats=1, warmup=0)
+            method = timing.method
+            if round_ >= warmup:
+                samples[name].extend(timing.samples_s)
+    return {name: Timing(samples_s=v, warmup=warmup, method=method) for name, v in samples.items()}
+
+
 def first_call_seconds(fn: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
     """Wall-clock seconds of one synchronized call (e.g. the compiling first call), and its result."""
     synchronize(device)

@@ -4,7 +4,7 @@ helpers that make 04's steady comparison (one process, interleaved rounds, switc
 import pytest
 import torch
 
-from helpers import coldstart, compile_tools
+from helpers import coldstart, compile_tools, measure
 from helpers.compile_tools import CompileCounts
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -125,7 +125,7 @@ def test_switching_compiled_states_in_one_process_compiles_nothing_more():
         compile_tools.set_compiled_state(net, states[label])
 
     with compile_tools.counting() as c:
-        timings = compile_tools.time_interleaved({k: (lambda: net(x)) for k in states}, CPU, repeats=3,
+        timings = measure.time_interleaved({k: (lambda: net(x)) for k in states}, CPU, repeats=3,
                                                  warmup=1, setup=setup)
         p_full = (setup("full"), coldstart.step_profile(lambda: net(x), CPU, calls=1))[1]
         p_regional = (setup("regional"), coldstart.step_profile(lambda: net(x), CPU, calls=1))[1]
