@@ -35,6 +35,18 @@ def hook_summary(pipe: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _has_offload_hook(module: torch.nn.Module) -> bool:
+    """True when module carries an accelerate hook or a diffusers group-offloading hook."""
+    group = getattr(module, "_diffusers_hook", None)
+    return hasattr(module, "_hf_hook") or (group is not None and group.get_hook("group_offloading") is not None)
+
+
+def hooks_in_repeated_blocks(model: torch.nn.Module) -> int:
+    """Offload hooks on or inside model's repeated blocks (what compile_repeated_blocks compiles): 0 lets them trace."""
+    blocks = [m for m in model.modules() if type(m).__name__ in (getattr(model, "_repeated_blocks", None) or [])]
+    return sum(_has_offload_hook(m) for block in blocks for m in block.modules())
+
+
 def describe_error(err: BaseException) -> str:
     """'ExceptionType: first line of the message', short enough for a result row."""
     text = str(err).strip()

@@ -51,9 +51,10 @@ def test_offload_rows(tmp_path):
             assert parity["status"] == "ok" and parity["extra"]["run_error"] == ""
             assert parity["extra"]["drift_vs_no_offload"] == 0.0
 
-        # only model offload's hooks sit outside the blocks: the others stop fullgraph tracing
+        # for Flux only model offload's hooks sit outside the blocks: the others stop fullgraph tracing
         trace = nb.row(f"{mode} offload: fullgraph trace")
         assert trace["status"] == "ok" and trace["extra"]["backend"] == "eager"
+        assert (trace["extra"]["hooks_in_repeated_blocks"] == 0) == (mode == "model")
         if mode == "model":
             assert trace["extra"]["traced"] is True and trace["graph_breaks"] == 0
             assert trace["extra"]["graphs_traced"] >= 2 and trace["extra"]["trace_error"] == ""

@@ -281,3 +281,17 @@ def test_compile_trace_under_leaf_offload_needs_the_raised_cache_size_limit(tiny
     assert default["graphs_traced"] < raised["graphs_traced"], (default, raised)
     net = pipelines.denoiser(pipe)
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in net.modules()), "model left compiled"
+
+
+@pytest.mark.parametrize("model, offload_type, inside", [
+    ("flux-dev", "block_level", True),  # Flux's blocks are the groups: a hook on every repeated block
+    ("sdxl", "block_level", False),     # SDXL's groups are the down/up blocks that contain the repeated blocks
+    ("sdxl", "leaf_level", True),       # a hook on every leaf, inside the blocks
+])
+def test_hooks_in_repeated_blocks_follow_where_group_offload_hooks_sit(model, offload_type, inside):
+    pipe = pipelines.build_pipeline(model, "smoke", device="cpu")
+    net = pipelines.denoiser(pipe)
+    assert offload.hooks_in_repeated_blocks(net) == 0, "no offload yet"
+    extra = {"num_blocks_per_group": 1} if offload_type == "block_level" else {}
+    net.enable_group_offload(onload_device=torch.device("cpu"), offload_type=offload_type, **extra)
+    assert (offload.hooks_in_repeated_blocks(net) > 0) is inside
