@@ -6,6 +6,7 @@ import torch
 
 from helpers import coldstart, compile_tools, measure
 from helpers.compile_tools import CompileCounts
+from tests.test_compile_tools import Stack  # three repeated blocks with eager code around them
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -80,31 +81,6 @@ def test_run_recipe_executes_the_line_with_pipe_bound():
         coldstart.run_recipe("pipe.unet.compile()", pipe)
 
 
-class Block(torch.nn.Module):
-    """A repeated block (user code: torch's own modules are on dynamo's skip list)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.lin(x))
-
-
-class Stack(torch.nn.Module):
-    """Three repeated blocks with eager code around them, like a denoiser."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([Block() for _ in range(3)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + 1
-        for block in self.blocks:
-            x = block(x)
-        return x.sum(-1)
-
-
 def test_switching_compiled_states_in_one_process_compiles_nothing_more():
     compile_tools.reset()
     net, x = Stack(), torch.randn(2, 4)
@@ -126,7 +102,7 @@ def test_switching_compiled_states_in_one_process_compiles_nothing_more():
 
     with compile_tools.counting() as c:
         timings = measure.time_interleaved({k: (lambda: net(x)) for k in states}, CPU, repeats=3,
-                                                 warmup=1, setup=setup)
+                                           warmup=1, setup=setup)
         p_full = (setup("full"), coldstart.step_profile(lambda: net(x), CPU, calls=1))[1]
         p_regional = (setup("regional"), coldstart.step_profile(lambda: net(x), CPU, calls=1))[1]
     assert c.graphs == 0, c
