@@ -7,14 +7,28 @@ import logging
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
-class _DropTorchvisionFallbackNotice(logging.Filter):
-    """Drop transformers' notice that an image processor falls back to PIL because torchvision is absent."""
+class _DropNotice(logging.Filter):
+    """Drop a logger's records that contain one fixed piece of text; every other record passes."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "requires torchvision (not installed)" not in record.getMessage()
+        return self.text not in record.getMessage()
 
 
-# diffusers imports the CLIP/SigLIP image processors for pipelines' optional image inputs, which these notebooks
-# never use; this project does not install torchvision, so transformers announces a PIL
-# fallback on every kernel start. The fallback is what transformers itself chooses; only the notice is dropped.
-logging.getLogger("transformers.utils.import_utils").addFilter(_DropTorchvisionFallbackNotice())
+# Import-time notices that say nothing about what the notebooks run, printed in every kernel; only these texts are
+# dropped, each logger's other records pass:
+# - diffusers imports the CLIP/SigLIP image processors for pipelines' optional image inputs, which these notebooks
+#   never use; this project does not install torchvision, so transformers announces a PIL fallback.
+# - torchao (notebook 12; diffusers imports it whenever it is installed) tries to load its CUDA-only extensions
+#   (fp8 / mx kernels) and logs each failure on a CPU build; on a GPU they load.
+# - torchao registers two Enum classes with pytree, which torch 2.13 reports as no longer needed.
+# - diffusers' torchao quantizer looks for tensor classes to allow when loading torchao-serialized checkpoints,
+#   which this project never loads, and notes that torchao 0.18 no longer has them.
+for _logger, _text in (("transformers.utils.import_utils", "requires torchvision (not installed)"),
+                       ("torchao", "Failed to load"),
+                       ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
+                       ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects")):
+    logging.getLogger(_logger).addFilter(_DropNotice(_text))

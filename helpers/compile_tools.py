@@ -234,6 +234,7 @@ def set_compiled_state(net: torch.nn.Module, state: dict[torch.nn.Module, Any]) 
 
 
 def uncompile(module: torch.nn.Module) -> torch.nn.Module:
-    """Undo `module.compile()` (the in-place nn.Module API), so the next compile starts from the eager module."""
-    module._compiled_call_impl = None
+    """Undo `compile()` on module and its submodules (full or regional), so the next compile starts from eager."""
+    for m in module.modules():
+        m._compiled_call_impl = None
     return module

@@ -66,6 +66,16 @@ GROUPS: dict[str, list[Job]] = {
     "G4b": [Job("10_lora_hotswap", 410)],
     "G5a": [Job("08_cpu_offload", 300, {"OFFLOAD_MODES": ["model"], "OFFLOAD_REPEATS": 1})],
     "G5b": [Job("09_nf4_quantization", 450, {"REPEATS": 3, "WARMUP": 1})],
+    # 12, not timed on a GPU yet: each stage builds the pipeline and compiles the 12B DiT anew (~70 s cold, less
+    # from the cache the stage before it filled), then times 4 images and 4 steps; max-autotune and the AOTInductor
+    # package are the long ones, so they get a command of their own
+    "G6a": [Job("12_maximum_speed", 500, {"LEVERS": ["cudnn-attention", "compile", "fused-qkv", "fp8"],
+                                          "REPEATS": 3, "WARMUP": 1})],
+    "G6b": [Job("12_maximum_speed", 520, {"LEVERS": ["cudnn-attention", "compile", "fused-qkv", "fp8", "aoti"],
+                                          "REPEATS": 2, "WARMUP": 1})],
+    # 13 on one GPU: the split rows are recorded as skipped (the hosts have one GPU each); it builds Flux-1-Dev and
+    # times the single-GPU step the scaling model needs (not timed on a GPU yet)
+    "G7": [Job("13_beyond_one_gpu", 200)],
 }
 
 

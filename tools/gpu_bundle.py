@@ -38,7 +38,7 @@ BUDGET_MIB = 40.0
 # What the notebooks, the helpers and the GPU run script import at run time (tests and JupyterLab stay home).
 ROOTS: tuple[str, ...] = (
     "diffusers", "transformers", "huggingface_hub", "peft", "accelerate", "tokenizers", "safetensors",
-    "bitsandbytes", "sentencepiece", "pandas", "matplotlib", "numpy", "pillow", "tqdm", "psutil",
+    "bitsandbytes", "torchao", "sentencepiece", "pandas", "matplotlib", "numpy", "pillow", "tqdm", "psutil",
     "papermill", "nbformat", "nbclient", "ipykernel", "ipython", "ipywidgets",
 )
 # Never bundled: the host's torch stack is what it is there for.

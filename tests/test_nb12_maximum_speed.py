@@ -1,0 +1,78 @@
+"""Notebook 12 on the smoke profile: every lever that runs on a CPU keeps parity, compiles once, and the
+AOTInductor package loads and reproduces the JIT-compiled output."""
+
+import pytest
+
+from helpers import compile_tools, stack
+from tests.nbrun import run_notebook
+
+pytestmark = pytest.mark.notebook
+
+NB = "12_maximum_speed"
+
+
+@pytest.fixture(scope="module")
+def nb(tmp_path_factory):
+    return run_notebook(NB, tmp_path_factory.mktemp("nb12"))
+
+
+def test_every_lever_is_measured_or_skipped_with_a_reason(nb):
+    stages = nb.rows[nb.rows["scenario"].str.startswith("stack: ")]
+    assert list(stages["scenario"]) == ["stack: eager"] + [f"stack: + {lever}" for lever in stack.LEVERS]
+    skipped = stages[stages["status"] == "skipped"].set_index("scenario")["reason"]
+    # on a CPU: cuDNN attention and fp8 need CUDA, channels_last has nothing to act on in Flux's transformer
+    assert set(skipped.index) == {"stack: + cudnn-attention", "stack: + fp8", "stack: + channels-last"}, skipped
+    assert "CUDA" in skipped["stack: + cudnn-attention"] and "8.9" in skipped["stack: + fp8"]
+
+
+def test_parity_and_no_recompiles_at_every_stage(nb):
+    stages = nb.rows[nb.rows["scenario"].str.startswith("stack: ") & (nb.rows["status"] == "ok")]
+    tol = compile_tools.PARITY_TOLERANCE[stages["dtype"].iloc[0]]
+    for _, row in stages.iterrows():
+        extra = row["extra"]
+        assert row["recompiles"] == 0 and row["graph_breaks"] == 0, row["scenario"]
+        band = stack.INT8_TOLERANCE if "int8" in extra.get("levers", []) else tol
+        assert extra["tolerance"] == band, row["scenario"]
+        assert 0 <= extra["step_drift"] <= band and extra["finite"], (row["scenario"], extra["step_drift"])
+        assert row["latency_median_s"] > 0 and extra["step_latency_median_s"] > 0
+    int8 = nb.row("stack: + int8")["extra"]
+    assert int8["quantized_linears"] == int8["linears"] > 0, "dynamic int8 swaps every Linear weight"
+    assert int8["step_drift"] > tol, "8-bit weights move the output beyond the compile tolerance"
+    for name in ("stack: + compile", "stack: + max-autotune", "stack: + vae-compile"):
+        assert nb.row(name)["extra"]["graphs_first_image"] >= 1, f"{name} compiled nothing at its first image"
+
+
+def test_fused_qkv_matches_unfused(nb):
+    row = nb.row("fused qkv vs unfused (eager)")["extra"]
+    assert row["rel_error"] <= row["tolerance"]
+
+
+def test_aoti_package_loads_and_reproduces_the_compiled_output(nb):
+    aoti = nb.row("stack: + aoti")
+    assert aoti["status"] == "ok" and aoti["extra"]["package_mib"] > 0
+    assert aoti["extra"]["warm_cache_hits"] > 0, "the warm JIT compile beside the load found its kernels cached"
+    same = nb.row("aoti vs jit step output")["extra"]
+    assert same["jit_stage"] == "+ int8" and same["rel_error"] <= same["tolerance"] == stack.INT8_TOLERANCE
+    tol = compile_tools.PARITY_TOLERANCE[aoti["dtype"]]
+    assert tol < aoti["extra"]["step_drift"] <= stack.INT8_TOLERANCE, "the package kept its 8-bit weights"
+
+
+def test_compile_regions_and_compile_repeated_blocks(nb):
+    for name in ("accelerate compile_regions", "diffusers compile_repeated_blocks"):
+        row = nb.row(f"regional: {name}")
+        assert row["latency_median_s"] > 0 and row["extra"]["graphs_first_call"] >= 1
+        assert row["extra"]["rel_error"] <= compile_tools.PARITY_TOLERANCE[row["dtype"]]
+    floor = nb.row("denoiser floor")["extra"]
+    assert floor["flops_per_step"] > 0 and floor["floor_s"] > 0
+    assert (nb.figures_dir / "cpu" / f"{NB}_ladder.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("knob, value, allowed", [
+    ("COMPILE_SCOPE", "partial", r"COMPILE_SCOPE='partial' is not allowed; choose one of: 'full', 'regional'"),
+    ("VAE_MODE", "reduce-overhead", r"VAE_MODE='reduce-overhead' is not allowed; choose one of: 'default', 'max-autotune'"),
+    ("LEVERS", ["turbo"], r"LEVERS contains \['turbo'\]; each entry must be one of: 'cudnn-attention'"),
+])
+def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
+    with pytest.raises(Exception, match=allowed):
+        run_notebook(NB, tmp_path, **{knob: value})
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -1,0 +1,106 @@
+"""helpers.stack: each check of notebook 12's ladder fails on a planted wrong value."""
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from helpers import measure, stack
+
+
+class Rows:
+    """A stand-in for the result writer that keeps what was recorded."""
+
+    def __init__(self):
+        self.rows = []
+
+    def record(self, scenario, **fields):
+        self.rows.append((scenario, fields))
+
+
+def _stage(**changes):
+    t = measure.Timing(samples_s=[0.01, 0.01], warmup=0, method="perf_counter")
+    good = stack.Stage(name="+ compile", lever="compile", first_image_s=1.0, step=t, image=t,
+                       memory=measure.Memory(0, 0, "cpu_allocated_during_call"), graphs=2, graph_breaks=0,
+                       recompiles=0, step_drift=1e-6, image_drift=1e-6, tolerance=1e-4, finite=True)
+    return replace(good, **changes)
+
+
+def test_a_clean_stage_has_no_problem():
+    assert stack.stage_problems(_stage(), fullgraph=True) == []
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"step_drift": 2e-4}, "differs from eager"),
+    ({"step_drift": math.nan}, "differs from eager"),
+    ({"finite": False}, "non-finite"),
+    ({"recompiles": 1}, "compiled after the first image"),
+    ({"graph_breaks": 1}, "graph break"),
+])
+def test_each_planted_fault_is_caught(changes, words):
+    problems = stack.stage_problems(_stage(**changes), fullgraph=True)
+    assert any(words in p for p in problems), problems
+
+
+def test_graph_breaks_count_only_with_fullgraph():
+    assert stack.stage_problems(_stage(graph_breaks=1), fullgraph=False) == []
+
+
+@pytest.mark.parametrize("lever, quantized, linears, bad", [
+    ("int8", 10, 10, False), ("int8", 9, 10, True), ("int8", 0, 0, True),
+    ("fp8", 3, 10, False), ("fp8", 0, 10, True),
+    ("compile", 0, 10, False), ("compile", 1, 10, True),
+])
+def test_quantization_problem(lever, quantized, linears, bad):
+    assert bool(stack.quantization_problem(lever, quantized, linears)) is bad
+
+
+def test_quantized_linears_counts_torchao_weights():
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    assert stack.quantized_linears(net) == (0, 2)
+    quantize_(net, Int8DynamicActivationInt8WeightConfig())
+    assert stack.quantized_linears(net) == (2, 2)
+
+
+def test_skip_reasons_on_a_cpu():
+    cpu = torch.device("cpu")
+    assert "CUDA" in stack.skip_reason("cudnn-attention", "flux-dev", cpu)
+    assert "dispatcher" in stack.skip_reason("cudnn-attention", "sdxl", cpu)
+    assert "8.9" in stack.skip_reason("fp8", "flux-dev", cpu)
+    assert "no convolutions" in stack.skip_reason("channels-last", "flux-dev", cpu)
+    for lever in ("channels-last", "compile", "inductor-flags", "fused-qkv", "max-autotune", "vae-compile", "int8"):
+        if (lever, "flux-dev") != ("channels-last", "flux-dev"):
+            assert stack.skip_reason(lever, "sdxl" if lever == "channels-last" else "flux-dev", cpu) == ""
+
+
+def test_ladder_measures_drift_from_its_first_stage():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    scale = {"value": 1.0}
+
+    def step():
+        return (net(x) * scale["value"],)
+
+    def image():
+        return net(x).sum(0) * scale["value"]
+
+    rows = Rows()
+    ladder = stack.Ladder(rows, torch.device("cpu"), repeats=2, warmup=0)
+    base = ladder.measure("eager", "none", step_call=step, image_call=image, image_tensor_call=image, tolerance=1e-4)
+    assert base.step_drift == 0 and base.image_drift == 0 and base.recompiles == 0
+    scale["value"] = 1.01  # a planted 1% change of the output
+    moved = ladder.measure("+ x", "x", step_call=step, image_call=image, image_tensor_call=image, tolerance=1e-4)
+    assert moved.step_drift == pytest.approx(0.01, rel=1e-3)
+    assert stack.stage_problems(moved, fullgraph=True), "a 1% drift must fail a 1e-4 band"
+    ladder.skip("+ y", "y", "not here")
+    assert list(ladder.table().index) == ["eager", "+ x", "+ y"]
+    assert [r[0] for r in rows.rows] == ["stack: eager", "stack: + x", "stack: + y"]
+    assert rows.rows[2][1]["status"] == "skipped"
+
+
+def test_reproduce_tolerance():
+    assert stack.reproduce_tolerance(1e-4, stack.INT8_TOLERANCE, quantized=False) == 1e-4
+    assert stack.reproduce_tolerance(1e-4, stack.INT8_TOLERANCE, quantized=True) == stack.INT8_TOLERANCE
