@@ -37,7 +37,6 @@ def test_parity_and_no_recompiles_at_every_stage(nb):
         assert row["latency_median_s"] > 0 and extra["step_latency_median_s"] > 0
     int8 = nb.row("stack: + int8")["extra"]
     assert int8["quantized_linears"] == int8["linears"] > 0, "dynamic int8 swaps every Linear weight"
-    assert int8["step_drift"] > tol, "8-bit weights move the output beyond the compile tolerance"
     for name in ("stack: + compile", "stack: + max-autotune", "stack: + vae-compile"):
         assert nb.row(name)["extra"]["graphs_first_image"] >= 1, f"{name} compiled nothing at its first image"
 
@@ -53,8 +52,9 @@ def test_aoti_package_loads_and_reproduces_the_compiled_output(nb):
     assert aoti["extra"]["warm_cache_hits"] > 0, "the warm JIT compile beside the load found its kernels cached"
     same = nb.row("aoti vs jit step output")["extra"]
     assert same["jit_stage"] == "+ int8" and same["rel_error"] <= same["tolerance"] == stack.INT8_TOLERANCE
-    tol = compile_tools.PARITY_TOLERANCE[aoti["dtype"]]
-    assert tol < aoti["extra"]["step_drift"] <= stack.INT8_TOLERANCE, "the package kept its 8-bit weights"
+    assert aoti["extra"]["step_drift"] <= stack.INT8_TOLERANCE
+    int8 = nb.row("stack: + int8")["extra"]
+    assert aoti["extra"]["package_quantized_weights"] == int8["quantized_linears"] > 0, "the package kept its 8-bit weights"
 
 
 def test_compile_regions_and_compile_repeated_blocks(nb):

@@ -64,6 +64,16 @@ def test_quantized_linears_counts_torchao_weights():
     assert stack.quantized_linears(net) == (2, 2)
 
 
+def test_quantized_tensors_counts_what_an_exported_program_keeps():
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+    x = torch.randn(4, 32)
+    with torch.no_grad():
+        assert stack.quantized_tensors(torch.export.export(net, (x,))) == 0
+        quantize_(net, Int8DynamicActivationInt8WeightConfig())
+        assert stack.quantized_tensors(torch.export.export(net, (x,))) == 2
+
+
 def test_skip_reasons_on_a_cpu():
     cpu = torch.device("cpu")
     assert "CUDA" in stack.skip_reason("cudnn-attention", "flux-dev", cpu)
