@@ -27,7 +27,7 @@ test-fast: venv
 
 ## make test-matrix: every notebook on the smoke profile over seeds 0-4, MODEL=sdxl and each DTYPE, as a table of
 ## ok / failed / refused in the setup cell (hours on a 2-core CPU, so not part of make test). MATRIX_ARGS passes
-## options: `make test-matrix MATRIX_ARGS="--only 02,10 --seeds 0-9 --jobs 2 --out matrix.md"`
+## options: `make test-matrix MATRIX_ARGS="--only 02,10 --seeds 0-9 --axes seeds,dtype --jobs 2 --out matrix.md"`
 MATRIX_ARGS ?=
 test-matrix: venv
 	$(PY) tools/test_matrix.py $(MATRIX_ARGS)

@@ -1,6 +1,7 @@
 """tools/test_matrix.py: each run is ok, refused in the setup cell, or failed, told apart from papermill's error;
 the table names every setting and lists the messages."""
 
+import argparse
 import importlib.util
 import sys
 
@@ -67,3 +68,12 @@ def test_seeds_settings_and_table():
     assert "| 00_a | ok | **FAILED** (f1) | refused (r1) | not run | not run | ok = seed 0 | 33 |" in table
     assert "- f1: cell 5: AssertionError: a \\| b" in table and "- r1: ParameterError: MODEL='sdxl'" in table
     assert "2 ok, 1 refused in the setup cell, 1 failed; wall time 33 s" in table
+
+
+def test_axes_pick_columns_and_refuse_unknown():
+    assert matrix.parse_axes("dtype, seeds") == ("seeds", "dtype")
+    assert [c.label for c in matrix.settings([3], ("dtype",))] == ["DTYPE=fp32", "DTYPE=fp16", "DTYPE=bf16"]
+    assert [c.label for c in matrix.settings([3], ("seeds", "model"))] == ["seed 3", "MODEL=sdxl"]
+    for bad in ("dtypes", "", "seeds,size"):
+        with pytest.raises(argparse.ArgumentTypeError, match="choose from seeds, model, dtype"):
+            matrix.parse_axes(bad)

@@ -2,6 +2,7 @@
 
     python tools/test_matrix.py                      # every notebook, seeds 0-4, MODEL=sdxl, each DTYPE
     python tools/test_matrix.py --only 10 --seeds 0-9 --out /tmp/matrix.md
+    python tools/test_matrix.py --only 04 --axes dtype   # only the DTYPE columns
     make test-matrix MATRIX_ARGS="--only 02,10 --jobs 2"
 
 Each cell of the table is one papermill run of a notebook with PROFILE="smoke", its RESULTS_DIR and FIGURES_DIR
@@ -91,11 +92,23 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def settings(seeds: list[int]) -> list[Setting]:
-    """The matrix's columns: one per seed, then MODEL=sdxl, then one per dtype."""
-    cols = [Setting(f"seed {s}", {"SEED": s}) for s in seeds]
-    cols.append(Setting("MODEL=sdxl", {"MODEL": "sdxl"}))
-    cols += [Setting(f"DTYPE={d}", {"DTYPE": d}) for d in DTYPES]
+AXES = ("seeds", "model", "dtype")
+
+
+def parse_axes(text: str) -> tuple[str, ...]:
+    """'seeds,dtype' -> ("seeds", "dtype"), in the table's order; an unknown axis is an error naming the allowed."""
+    asked = {a.strip() for a in text.split(",") if a.strip()}
+    unknown = sorted(asked - set(AXES))
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(f"--axes {text!r}: choose from {', '.join(AXES)}")
+    return tuple(a for a in AXES if a in asked)
+
+
+def settings(seeds: list[int], axes: tuple[str, ...] = AXES) -> list[Setting]:
+    """The matrix's columns: one per seed, then MODEL=sdxl, then one per dtype (only the axes asked for)."""
+    cols = [Setting(f"seed {s}", {"SEED": s}) for s in seeds] if "seeds" in axes else []
+    cols += [Setting("MODEL=sdxl", {"MODEL": "sdxl"})] if "model" in axes else []
+    cols += [Setting(f"DTYPE={d}", {"DTYPE": d}) for d in DTYPES] if "dtype" in axes else []
     return cols
 
 
@@ -248,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 02,10 (default: all)")
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-4"), help="e.g. 0-4 or 0,3,7 (default 0-4)")
+    ap.add_argument("--axes", type=parse_axes, default=AXES, help="comma-separated columns to run: seeds, model, "
+                                                                  "dtype (default: all three)")
     ap.add_argument("--jobs", type=int, default=1, help="notebooks run at once (default 1; 04 always runs alone)")
     ap.add_argument("--out", type=Path, default=None, help="also write the table as markdown to this file")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds before one run is killed (default 3600)")
@@ -270,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--only: no notebook numbered {unknown}; have {[nb[:2] for nb in all_nbs]}")
     notebooks = [nb for nb in all_nbs if not wanted or nb[:2] in wanted]
-    cols = settings(args.seeds)
+    cols = settings(args.seeds, args.axes)
 
     # one run per distinct set of effective parameters; cells equal to an earlier one share its run
     runs: list[tuple[str, Setting]] = []
