@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from tests.nbrun import run_notebook
+from helpers import params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -70,6 +71,6 @@ def test_dtype_rows_sdxl(tmp_path):
 
 
 def test_dtypes_without_fp32_fails_fast(tmp_path):
-    with pytest.raises(Exception, match="must include 'fp32'"):
-        run_notebook("01_dtype", tmp_path, DTYPES=["bf16"])
+    with pytest.raises(params.ParameterError, match="must include 'fp32'"):
+        run_setup("01_dtype", tmp_path, DTYPES=["bf16"])
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.nbrun import run_notebook
+from helpers import params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -73,12 +74,12 @@ def test_attention_rows(tmp_path, model):
 
 
 def test_implementations_without_reference_fail_fast(tmp_path):
-    with pytest.raises(Exception, match="must include 'sdpa-math'"):
-        run_notebook("02_attention_sdpa", tmp_path, IMPLEMENTATIONS=["naive"])
-    with pytest.raises(Exception, match="divisible by 16"):
-        run_notebook("02_attention_sdpa", tmp_path, RESOLUTIONS=[100])
-    with pytest.raises(Exception, match="BATCHES"):
-        run_notebook("02_attention_sdpa", tmp_path, BATCHES=[0, 2])
-    with pytest.raises(Exception, match="SDPA_DTYPES"):
-        run_notebook("02_attention_sdpa", tmp_path, SDPA_DTYPES=["fp8"])
+    with pytest.raises(params.ParameterError, match="must include 'sdpa-math'"):
+        run_setup("02_attention_sdpa", tmp_path, IMPLEMENTATIONS=["naive"])
+    with pytest.raises(params.ParameterError, match="divisible by 16"):
+        run_setup("02_attention_sdpa", tmp_path, RESOLUTIONS=[100])
+    with pytest.raises(params.ParameterError, match="BATCHES"):
+        run_setup("02_attention_sdpa", tmp_path, BATCHES=[0, 2])
+    with pytest.raises(params.ParameterError, match="SDPA_DTYPES"):
+        run_setup("02_attention_sdpa", tmp_path, SDPA_DTYPES=["fp8"])
     assert not (tmp_path / "results").exists()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import compile_tools, params
-from tests.nbrun import run_notebook
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -73,6 +73,6 @@ def test_torch_compile_rows(tmp_path):
 def test_bad_modes_fail_fast(tmp_path):
     message = (r"MODES contains \['fast'\]; each entry must be one of: 'default', 'reduce-overhead', "
                r"'max-autotune-no-cudagraphs', 'max-autotune'")
-    with pytest.raises(Exception, match=message):
-        run_notebook("03_torch_compile", tmp_path, MODES=["fast"])
+    with pytest.raises(params.ParameterError, match=message):
+        run_setup("03_torch_compile", tmp_path, MODES=["fast"])
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -4,8 +4,8 @@ directory."""
 
 import pytest
 
-from helpers import compile_tools
-from tests.nbrun import run_notebook
+from helpers import compile_tools, params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -91,6 +91,6 @@ def test_regional_compilation_rows(tmp_path):
     ("EMULATE_PRECISION_CASTS", "yes", r"EMULATE_PRECISION_CASTS='yes' is not allowed; choose one of: True, False"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
-    with pytest.raises(Exception, match=message):
-        run_notebook("04_regional_compilation", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=message):
+        run_setup("04_regional_compilation", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

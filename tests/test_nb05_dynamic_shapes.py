@@ -2,7 +2,8 @@
 
 import pytest
 
-from tests.nbrun import run_notebook
+from helpers import params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -42,6 +43,6 @@ ALLOWED = r"is not allowed; use None, or a list of at least three different squa
     ("EMULATE_PRECISION_CASTS", "yes", r"EMULATE_PRECISION_CASTS='yes' is not allowed; choose one of: True, False"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
-    with pytest.raises(Exception, match=allowed):
-        run_notebook("05_dynamic_shapes", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=allowed):
+        run_setup("05_dynamic_shapes", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

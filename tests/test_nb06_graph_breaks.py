@@ -2,8 +2,8 @@
 
 import pytest
 
-from helpers import compile_tools
-from tests.nbrun import run_notebook
+from helpers import compile_tools, params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -69,6 +69,6 @@ def test_graph_break_rows(tmp_path):
     ("MODEL", "sdxl", r"MODEL='sdxl' is not allowed; choose one of: 'flux-dev'"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
-    with pytest.raises(Exception, match=allowed):
-        run_notebook("06_graph_breaks", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=allowed):
+        run_setup("06_graph_breaks", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -3,7 +3,8 @@ skipped; bad knobs fail in the setup cell before anything is written."""
 
 import pytest
 
-from tests.nbrun import run_notebook
+from helpers import params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -61,6 +62,6 @@ def test_scheduler_sync_rows(tmp_path):
     ("STEPS", 0, r"STEPS=0 must be a positive integer"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
-    with pytest.raises(Exception, match=message):
-        run_notebook("07_scheduler_syncs", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=message):
+        run_setup("07_scheduler_syncs", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

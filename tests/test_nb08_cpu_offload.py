@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from tests.nbrun import run_notebook
+from helpers import params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -110,8 +111,8 @@ def test_offload_rows(tmp_path):
     ("OFFLOAD_REPEATS", -1, "must be a positive integer"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
-    with pytest.raises(Exception, match=f"{knob}.*{allowed}"):
-        run_notebook("08_cpu_offload", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=f"{knob}.*{allowed}"):
+        run_setup("08_cpu_offload", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
 
 

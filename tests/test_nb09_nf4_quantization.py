@@ -2,8 +2,8 @@
 
 import pytest
 
-from helpers import quantize
-from tests.nbrun import run_notebook
+from helpers import params, quantize
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -66,6 +66,6 @@ def test_nf4_rows(tmp_path):
     ("COMPILE", "max-autotune", "'regional', 'full'"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
-    with pytest.raises(Exception, match=f"{knob}.*{allowed}"):
-        run_notebook("09_nf4_quantization", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=f"{knob}.*{allowed}"):
+        run_setup("09_nf4_quantization", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

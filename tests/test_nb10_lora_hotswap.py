@@ -3,8 +3,8 @@ the same file on the uncompiled model; the negative control; bad files; bad knob
 
 import pytest
 
-from helpers import compile_tools
-from tests.nbrun import run_notebook
+from helpers import compile_tools, params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -72,6 +72,6 @@ def test_lora_hotswap_rows(tmp_path):
     ({"COMPILE_BACKEND": "cudagraphs"}, r"COMPILE_BACKEND='cudagraphs' is not allowed; choose one of: 'inductor'"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knobs, message):
-    with pytest.raises(Exception, match=message):
-        run_notebook("10_lora_hotswap", tmp_path, **knobs)
+    with pytest.raises(params.ParameterError, match=message):
+        run_setup("10_lora_hotswap", tmp_path, **knobs)
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

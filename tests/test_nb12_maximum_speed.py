@@ -3,8 +3,8 @@ AOTInductor package loads and reproduces the JIT-compiled output."""
 
 import pytest
 
-from helpers import compile_tools, stack
-from tests.nbrun import run_notebook
+from helpers import compile_tools, params, stack
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -73,6 +73,6 @@ def test_compile_regions_and_compile_repeated_blocks(nb):
     ("LEVERS", ["turbo"], r"LEVERS contains \['turbo'\]; each entry must be one of: 'cudnn-attention'"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
-    with pytest.raises(Exception, match=allowed):
-        run_notebook(NB, tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=allowed):
+        run_setup(NB, tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -3,8 +3,8 @@ ring-2); parity with the single process, counted bytes equal to the analytic vol
 
 import pytest
 
-from helpers import compile_tools, parallel
-from tests.nbrun import run_notebook
+from helpers import compile_tools, parallel, params
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -44,6 +44,6 @@ def test_split_step_rows(tmp_path):
     ("TEXT_TOKENS", 33, r"does not split over DEGREE=2 ranks: text tokens = 33 not divisible by 2"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
-    with pytest.raises(Exception, match=message):
-        run_notebook("13_beyond_one_gpu", tmp_path, **{knob: value})
+    with pytest.raises(params.ParameterError, match=message):
+        run_setup("13_beyond_one_gpu", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from helpers import params, paths
+from tests.nbrun import run_setup
 
 
 @pytest.mark.parametrize("name,value,allowed", [
@@ -99,3 +100,12 @@ def test_dtype_auto_is_bf16_where_native_and_fp32_elsewhere(monkeypatch):
     assert params.resolve("00_x", DTYPE="fp16").dtype == torch.float16
     with pytest.raises(params.ParameterError, match="auto"):
         params.resolve("00_x", DTYPE="float32")
+
+
+def test_run_setup_runs_the_setup_cell_with_the_overrides(tmp_path):
+    """The bad-knob tests' runner: an accepted knob goes through the real setup cell, a refused one raises there."""
+    ns = run_setup("06_graph_breaks", tmp_path, LOG_LINES=7, SEED=3)
+    assert ns["LOG_LINES"] == 7 and ns["run"].seed == 3 and ns["run"].profile == "smoke"
+    assert ns["s"].writer.path.is_relative_to(tmp_path / "results")
+    with pytest.raises(params.ParameterError, match="LOG_LINES=0 must be a positive integer"):
+        run_setup("06_graph_breaks", tmp_path, LOG_LINES=0)
