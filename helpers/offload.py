@@ -149,6 +149,18 @@ def compile_trace(pipe: Any, inputs: dict[str, Any], cache_size_limit: int) -> d
             "matches_eager": not error and all(torch.equal(outs[k], outs["eager"]) for k in ("first", "second"))}
 
 
+def _empty(tensor: torch.Tensor) -> None:
+    """Empty a tensor in place, with the inner tensors of a wrapper subclass (torchao's int8/fp8 weights)."""
+    quant_state = getattr(tensor, "quant_state", None)
+    if quant_state is not None:  # bitsandbytes 4-bit weights keep their scales beside the data
+        tensor.quant_state = None
+    if hasattr(tensor, "__tensor_flatten__"):  # the data lives in the inner tensors (qdata, scale, ...)
+        for name in tensor.__tensor_flatten__()[0]:
+            _empty(getattr(tensor, name))
+    with torch.inference_mode(tensor.is_inference()):  # hooks may have made inference tensors
+        tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+
+
 def free_pipeline(*parts: Any) -> int:
     """Free pipelines or modules for good: drop compiled graphs, empty every tensor they hold, collect garbage and
     empty the CUDA cache; return the CUDA bytes still allocated afterwards (0 without CUDA).
@@ -162,11 +174,7 @@ def free_pipeline(*parts: Any) -> int:
             if not isinstance(module, torch.nn.Module):
                 continue
             for tensor in [*module.parameters(), *module.buffers()]:
-                quant_state = getattr(tensor, "quant_state", None)
-                if quant_state is not None:  # bitsandbytes 4-bit weights keep their scales beside the data
-                    tensor.quant_state = None
-                with torch.inference_mode(tensor.is_inference()):  # hooks may have made inference tensors
-                    tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+                _empty(tensor)
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

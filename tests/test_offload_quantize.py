@@ -295,3 +295,19 @@ def test_hooks_in_repeated_blocks_follow_where_group_offload_hooks_sit(model, of
     extra = {"num_blocks_per_group": 1} if offload_type == "block_level" else {}
     net.enable_group_offload(onload_device=torch.device("cpu"), offload_type=offload_type, **extra)
     assert (offload.hooks_in_repeated_blocks(net) > 0) is inside
+
+
+@pytest.mark.parametrize("config", ["Int8DynamicActivationInt8WeightConfig", "Int8WeightOnlyConfig"])
+def test_free_pipeline_empties_torchao_inner_tensors(config):
+    """torchao's 8-bit weights keep their data in inner tensors (qdata, scale); emptying the wrapper alone left
+    them allocated (planted: the wrapper reads 0 elements while qdata still holds 64 x 64)."""
+    import torchao.quantization as tq
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    tq.quantize_(model, getattr(tq, config)())
+    weight = model[0].weight
+    inner = weight.__tensor_flatten__()[0]
+    assert inner and getattr(weight, inner[0]).numel() == 64 * 64
+    offload.free_pipeline(model)
+    for w in (model[0].weight, model[1].weight):
+        assert w.numel() == 0 and all(getattr(w, name).numel() == 0 for name in w.__tensor_flatten__()[0])
