@@ -283,11 +283,12 @@ def predicted_step_s(t1_s: float, bytes_sent: int, n: int, bandwidth: float = NV
     return t1_s / n + bytes_sent / bandwidth
 
 
-def published(source: str, scenario: str) -> float | None:
-    """One published value from data/reference/published-numbers.csv (its own unit), or None when not published."""
+def published(source: str, scenario: str, *, required: bool = False) -> float | None:
+    """One published value from data/reference/published-numbers.csv (its own unit); None when not published, or
+    KeyError when required."""
     pub = report.published_numbers()
     hit = pub[(pub["source"] == source) & (pub["scenario"] == scenario)]
-    if len(hit) > 1:
+    if len(hit) > 1 or (required and hit.empty):
         raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r} / {scenario!r}")
     return float(hit["value"].iloc[0]) if len(hit) else None
 
@@ -315,9 +316,7 @@ def model_step_s(results_dir: Path, own: pd.DataFrame, steps: int = 28) -> tuple
         if not hit.empty:
             r = hit.iloc[-1]
             return float(r["latency_median_s"]), f"measured here: eager denoiser step on {r['hardware']}"
-    value = published(XDIT_SOURCE, xdit_scenario("", 1))
-    if value is None:
-        raise KeyError(f"published-numbers.csv lacks {XDIT_SOURCE!r} / {xdit_scenario('', 1)!r}")
+    value = published(XDIT_SOURCE, xdit_scenario("", 1), required=True)
     return value / steps, (f"published, not measured: xDiT's {value:g} s for a {steps}-step image on one H100 with "
                            f"torch.compile, / {steps} (no H100 rows of notebook 03 under data/results yet)")
 

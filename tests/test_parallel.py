@@ -118,3 +118,10 @@ def test_scaling_model():
     assert at4.loc["ulysses", "predicted / published"] == pytest.approx(
         28 * parallel.predicted_step_s(0.16, parallel.analytic_bytes("ulysses", FULL, 4)["total"], 4) / 1.63)
     assert table[table["GPUs"] == 8]["xDiT published image (s)"].isna().all()
+
+
+def test_published_is_none_when_absent_unless_required():
+    assert parallel.published(parallel.XDIT_SOURCE, parallel.xdit_scenario("ulysses", 4), required=True) == 1.63
+    assert parallel.published(parallel.XDIT_SOURCE, parallel.xdit_scenario("ulysses", 8)) is None
+    with pytest.raises(KeyError, match="has 0 rows"):
+        parallel.published(parallel.XDIT_SOURCE, parallel.xdit_scenario("ulysses", 8), required=True)
