@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from helpers import kernel_env
+
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / ".whl"
 BUDGET_S = 540  # the device tool ends a command at 600 s; stop starting notebooks before 9 minutes
@@ -109,6 +111,7 @@ def install(wheels: list[Path], site: Path) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["MPLBACKEND"] = "Agg"
     env["PYTHONUNBUFFERED"] = "1"
+    env = kernel_env.quiet_progress(env)  # executed copies without stored progress bars
     if not (ROOT / ".git").exists() and (BUNDLE / "REVISION").exists():
         env["FASTDIFF_GIT_REV"] = (BUNDLE / "REVISION").read_text().strip()
     kernels = site.parent / f"{site.name}-kernels"

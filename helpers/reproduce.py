@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -10,14 +11,13 @@ import pandas as pd
 import papermill
 import torch
 
-from helpers import environment, params, paths, report, results
+from helpers import environment, kernel_env, params, paths, report, results
 
 # Extra runs beyond each notebook's defaults: the SDXL settings that published figures (diffusion-fast) answer.
 VARIANTS: dict[str, list[dict[str, str]]] = {
     "01_dtype": [{"MODEL": "sdxl"}],
     "02_attention_sdpa": [{"MODEL": "sdxl"}],
 }
-
 
 def main(argv: list[str] | None = None) -> int:
     """Execute the notebooks in order, keep their executed copies, and print the rows they wrote."""
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
                  if not wanted or p.name[:2] in wanted]
     executed = paths.RESULTS_DIR / hardware / "executed"
     executed.mkdir(parents=True, exist_ok=True)
+    os.environ.update(kernel_env.quiet_progress(os.environ))  # the kernels papermill starts inherit it
     print(f"reproduce: {len(notebooks)} notebooks, profile {profile}{why}, hardware {hardware}; "
           f"executed copies in {executed.relative_to(paths.ROOT)}", flush=True)
 
