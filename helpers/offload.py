@@ -155,8 +155,9 @@ def _empty(tensor: torch.Tensor) -> None:
     if quant_state is not None:  # bitsandbytes 4-bit weights keep their scales beside the data
         tensor.quant_state = None
     if hasattr(tensor, "__tensor_flatten__"):  # the data lives in the inner tensors (qdata, scale, ...)
-        for name in tensor.__tensor_flatten__()[0]:
-            _empty(getattr(tensor, name))
+        for inner in (getattr(tensor, name, None) for name in tensor.__tensor_flatten__()[0]):
+            if isinstance(inner, torch.Tensor):
+                _empty(inner)
     with torch.inference_mode(tensor.is_inference()):  # hooks may have made inference tensors
         tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
