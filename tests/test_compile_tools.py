@@ -70,6 +70,11 @@ def test_uncompile_and_relative_error():
     m.compile(backend="eager")
     assert m._compiled_call_impl is not None
     assert compile_tools.uncompile(m)._compiled_call_impl is None
+    outer = torch.nn.Sequential(Tiny(), Tiny())
+    for block in outer:  # a regional compile: every block compiled, the container not
+        block.compile(backend="eager")
+    assert len(compile_tools.compiled_state(outer)) == 2
+    assert not compile_tools.compiled_state(compile_tools.uncompile(outer))  # the blocks too
     a = torch.ones(10)
     assert compile_tools.relative_error(a, a) == 0
     assert compile_tools.relative_error(a * 1.1, a) == pytest.approx(0.1, rel=1e-5)
