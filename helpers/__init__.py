@@ -1,6 +1,7 @@
 """Shared measuring helpers for the fast-diffusion notebooks."""
 
 import logging
+import warnings
 
 # bitsandbytes' CPU backend looks for an optional kernel on the Hugging Face hub (the `kernels` package) and
 # logs a warning when it is absent. This project never downloads at run time; the fallback computes the same.
@@ -32,3 +33,7 @@ for _logger, _text in (("transformers.utils.import_utils", "requires torchvision
                        ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
                        ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects")):
     logging.getLogger(_logger).addFilter(_DropNotice(_text))
+
+# torch.export rebuilds tree specs through its own deprecated LeafSpec check when a program holding torchao's tensor
+# subclasses is exported and packaged (notebook 12); the FutureWarning is about torch's code, not the notebook's.
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
