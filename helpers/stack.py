@@ -84,16 +84,21 @@ def quantization_problem(lever: str, quantized: int, linears: int) -> str:
     return ""
 
 
+def _is_subclass(tensor: torch.Tensor) -> bool:
+    """A tensor subclass such as torchao's quantized weights (not a plain tensor or parameter)."""
+    return type(tensor) not in (torch.Tensor, torch.nn.Parameter)
+
+
 def quantized_tensors(exported: torch.export.ExportedProgram) -> int:
     """Tensor subclasses (torchao's quantized weights) among an exported program's parameters and constants."""
     values = list(exported.state_dict.values()) + list(exported.constants.values())
-    return sum(type(v) not in (torch.Tensor, torch.nn.Parameter) for v in values)
+    return sum(_is_subclass(v) for v in values)
 
 
 def quantized_linears(module: torch.nn.Module) -> tuple[int, int]:
     """(Linear layers whose weight is a tensor subclass, e.g. torchao's quantized weights; all Linear layers)."""
     linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
-    quantized = [m for m in linears if type(m.weight) not in (torch.Tensor, torch.nn.Parameter)]
+    quantized = [m for m in linears if _is_subclass(m.weight)]
     return len(quantized), len(linears)
 
 
