@@ -48,11 +48,24 @@ def _published_value(pub: pd.DataFrame, source: str, scenario: str, metric: str)
 
 
 def _measured_value(rows: pd.DataFrame, scenario: str, field: str) -> float | None:
-    """The measured field of the named scenario, or None when absent or not ok."""
+    """The measured field of the named scenario (a row column, else a key of its extra), or None when absent or not ok."""
     hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
-    if hit.empty or field not in hit or pd.isna(hit[field].iloc[-1]):
+    if hit.empty:
         return None
-    return float(hit[field].iloc[-1])
+    last = hit.iloc[-1]
+    value = last[field] if field in hit else None
+    if value is None or pd.isna(value):
+        extra = last["extra"] if "extra" in hit else None
+        value = extra.get(field) if isinstance(extra, dict) else None
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _measured_dtype(rows: pd.DataFrame, scenario: str) -> str | None:
+    """The dtype of the named scenario's latest ok row, or None when absent or not recorded."""
+    hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
+    if hit.empty or "dtype" not in hit or pd.isna(hit["dtype"].iloc[-1]):
+        return None
+    return str(hit["dtype"].iloc[-1])
 
 
 def _hardware_matches(hardware_class: str, hardware: str) -> bool:
@@ -109,10 +122,13 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
             else:
                 full = mine[(mine["profile"] == "full") & (mine["model"] == c.model)]
                 mval = _measured_value(full, c.measured_scenario, c.measured_field)
-                if mval is not None and c.kind != "absolute":  # 'factor' is measured as a ratio
-                    base = _measured_value(full, c.measured_base_scenario, c.measured_field)
+                dtype = _measured_dtype(full, c.measured_scenario)
+                if mval is not None and c.dtype and dtype is not None and dtype != c.dtype:
+                    mval, outcome = None, f"not compared: measured in {dtype}, published in {c.dtype}"
+                elif mval is not None and c.kind != "absolute" and c.measured_base_scenario:
+                    base = _measured_value(full, c.measured_base_scenario, c.measured_field)  # 'factor' too
                     mval = None if not base else (base / mval if c.kind == "speedup" else mval / base)
-                if mval is None:
+                if mval is None and not outcome:
                     outcome = "not measured: scenario missing or not ok"
             factor = mval / pval if mval is not None else None
             if factor is not None:

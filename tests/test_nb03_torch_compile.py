@@ -42,12 +42,16 @@ def test_torch_compile_rows(tmp_path):
     assert x["emulate_precision_casts"] is True
     assert 0 <= x["rel_error"] <= x["tolerance"] == compile_tools.PARITY_TOLERANCE[dtype]
     plain = nb.row(f"denoiser step compiled ({NO_EMULATION})")
-    if dtype == "fp32":  # nothing to emulate: skipped with the reason, no pipeline row either
-        assert plain["status"] == "skipped" and "fp32" in plain["reason"]
+    plain_pipe = nb.row(f"pipeline compiled ({NO_EMULATION})")
+    if dtype == "fp32":  # nothing to emulate: skipped with the reason, its pipeline row too
+        assert plain["status"] == plain_pipe["status"] == "skipped" and "fp32" in plain["reason"]
         assert "not compared on this run (fp32)" in nb.text()
-    else:
-        assert plain["status"] == "ok" and plain["extra"]["emulate_precision_casts"] is False
+    else:  # the row compared with the published speedup: inductor's defaults, eager pipeline timed in turn
+        assert plain["status"] == plain_pipe["status"] == "ok" and plain["extra"]["emulate_precision_casts"] is False
         assert f"{plain['extra']['rel_error']:.2e} without" in nb.text()
+        p = plain_pipe["extra"]
+        assert p["speedup"] == pytest.approx(p["eager_latency_median_s"] / plain_pipe["latency_median_s"])
+        assert p["graphs_first_call"] == 0 and plain_pipe["recompiles"] == 0
     # a CUDA-graph mode on a CPU, its twin measured: skipped with the true reason, for both workloads
     for what in ("denoiser step", "pipeline"):
         skipped = nb.row(f"{what} compiled (reduce-overhead)")
@@ -64,6 +68,10 @@ def test_torch_compile_rows(tmp_path):
     assert f"take {compile_tools.share_word(min(share, 1.0))} of the pipeline's time" in text
     assert f"was {compile_tools.speed_phrase(x['speedup'], 'eager')} ({x['speedup']:.2f}x)" in text
     assert f"whole pipeline: {compile_tools.speed_phrase(w['speedup'], 'eager')} ({w['speedup']:.2f}x)" in text
+    saved = w["eager_latency_median_s"] - whole["latency_median_s"]
+    payback = (f"the compile pays for itself after {(step['compile_s'] - step['latency_median_s']) / saved:.0f} images"
+               if saved > 0 else "the compile does not pay for itself on this run")
+    assert payback in text
     assert 0 < x["fraction_of_peak"] < 1.5
     assert eager_step["extra"]["flops_per_step"] > 0
     assert (nb.figures_dir / "cpu" / "03_torch_compile_pipeline_latency.png").stat().st_size > 1000

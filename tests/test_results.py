@@ -80,9 +80,10 @@ def test_report_marks_smoke_as_not_measured_and_compares_full(session):
     assert (table["measured"] == "—").all() and table["verdict"].str.startswith("not measured").all()
     gpu = pd.DataFrame([
         {"hardware": "h200", "notebook": "03_torch_compile", "profile": "full", "model": "flux-dev",
-             "scenario": "pipeline eager", "status": "ok", "latency_median_s": 6.0},
+             "scenario": "pipeline eager", "status": "ok", "latency_median_s": 6.0, "dtype": "bf16", "extra": {}},
         {"hardware": "h200", "notebook": "03_torch_compile", "profile": "full", "model": "flux-dev",
-             "scenario": "pipeline compiled (default)", "status": "ok", "latency_median_s": 4.0},
+             "scenario": "pipeline compiled (default, no precision-cast emulation)", "status": "ok",
+             "latency_median_s": 4.0, "dtype": "bf16", "extra": {"speedup": 1.5, "eager_latency_median_s": 6.0}},
     ])
     row = report.compare(gpu, "03_torch_compile").set_index("comparison").loc["compile-speedup"]
     assert row["measured"] == "1.50x" and row["published"] == "1.49x" and row["verdict"] == "within ±15%"
@@ -178,3 +179,38 @@ def test_a_factor_is_published_as_the_ratio_itself_and_measured_as_a_ratio():
     row = report.compare(rows, "04_regional_compilation").set_index("comparison").loc[
         "regional-cold-compile-reduction-docs"]
     assert row["measured"] == "20.00x" and row["verdict"] == "better than published"
+
+
+def _compiled_03(speedup: float, dtype: str = "bf16", emulated_speedup: float = 1.0) -> pd.DataFrame:
+    """Full-profile rows of notebook 03 on an H100: the eager pipeline (timed alone) and two compiled pipelines."""
+    base = {"hardware": "h100-80gb", "notebook": "03_torch_compile", "profile": "full", "model": "flux-dev",
+            "status": "ok", "dtype": dtype}
+    return pd.DataFrame([
+        base | {"scenario": "pipeline eager", "latency_median_s": 9.0, "extra": {}},
+        base | {"scenario": "pipeline compiled (default)", "latency_median_s": 4.5,
+                "extra": {"speedup": emulated_speedup}},
+        base | {"scenario": "pipeline compiled (default, no precision-cast emulation)", "latency_median_s": 4.5,
+                "extra": {"speedup": speedup}},
+    ])
+
+
+def test_compile_speedup_is_read_from_the_unemulated_row_timed_in_turn():
+    """The published 1.49x is compared with the row compiled with inductor's defaults, whose speedup was timed in
+    the same rounds as its eager pipeline, not with the emulated row nor the eager pipeline timed earlier (9 s
+    here: 9.0 / 4.5 would read 2.00x, outside the band)."""
+    row = report.compare(_compiled_03(1.45), "03_torch_compile").set_index("comparison").loc["compile-speedup"]
+    assert row["measured"] == "1.45x" and row["verdict"] == "within ±15%"
+    row = report.compare(_compiled_03(2.5), "03_torch_compile").set_index("comparison").loc["compile-speedup"]
+    assert row["measured"] == "2.50x" and row["verdict"] == "better than published"  # planted: outside the band
+
+
+def test_a_run_in_another_dtype_is_not_compared_with_a_bf16_figure():
+    t = report.compare(_compiled_03(1.45, dtype="fp16"), "03_torch_compile").set_index("comparison")
+    assert t.loc["compile-speedup", "verdict"] == "not compared: measured in fp16, published in bf16"
+    assert t.loc["compile-speedup", "measured"] == "—" and pd.isna(t.loc["compile-speedup", "measured / published"])
+    assert report.compare(_compiled_03(1.45), "03_torch_compile").set_index("comparison").loc[
+        "compile-speedup", "verdict"] == "within ±15%"  # the same rows in bf16 are compared
+
+
+def test_every_comparison_names_the_published_dtype():
+    assert set(report.comparisons()["dtype"]) == {"bf16"}
