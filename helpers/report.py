@@ -138,7 +138,8 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                 "published": _fmt(pval, c.kind, c.measured_field),
                 "measured": _fmt(mval, c.kind, c.measured_field),
                 "measured / published": None if factor is None else round(factor, 3),
-                "verdict": outcome, "note": c.note,
+                "verdict": outcome, "band": f"±{float(c.tolerance):.0%}", "compared on": c.hardware_class,
+                "note": c.note,
             })
     return pd.DataFrame(out)
 
@@ -165,13 +166,60 @@ def skipped(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def key_latencies(rows: pd.DataFrame) -> pd.DataFrame:
-    """Every ok row with a latency: hardware, profile, notebook, scenario, median seconds and spread."""
-    cols = ["hardware", "profile", "notebook", "scenario", "latency median (s)", "spread (s)"]
+    """Every ok row with a latency: hardware, profile, notebook, model, dtype, scenario, median seconds and spread."""
+    cols = ["hardware", "profile", "notebook", "model", "dtype", "scenario", "latency median (s)", "spread (s)"]
     if rows.empty or "latency_median_s" not in rows:
         return pd.DataFrame(columns=cols)
     hit = rows[(rows["status"] == "ok") & rows["latency_median_s"].notna()]
-    out = hit[["hardware", "profile", "notebook", "scenario", "latency_median_s", "latency_spread_s"]]
-    return out.set_axis(cols, axis=1).sort_values(cols[:4]).reset_index(drop=True)
+    out = hit[["hardware", "profile", "notebook", "model", "dtype", "scenario", "latency_median_s", "latency_spread_s"]]
+    return out.set_axis(cols, axis=1).sort_values(cols[:6]).reset_index(drop=True)
+
+
+def latency_scenarios(reference_dir: Path = paths.REFERENCE_DIR) -> set[str]:
+    """The scenarios whose latency some comparison reads (not those it reads compile seconds or memory from)."""
+    comps = comparisons(reference_dir)
+    timed = comps[comps["measured_field"].isin(["latency_median_s", "speedup"])]
+    return (set(timed["measured_scenario"]) | set(timed["measured_base_scenario"])) - {""}
+
+
+def provenance(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per hardware: the device, the profiles measured, torch versions, git revisions and the newest row's date."""
+    cols = ["hardware", "device", "profiles", "torch", "git revisions", "newest row"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    out = []
+    for hw, g in rows.groupby("hardware", sort=True):
+        versions = g["versions"] if "versions" in g else pd.Series(dtype=object)
+        torch_versions = {v.get("torch", "?") for v in versions if isinstance(v, dict)}
+        devices = sorted(set(g["device_name"].dropna())) if "device_name" in g else []
+        out.append({"hardware": hw, "device": ", ".join(devices) or "?",
+                    "profiles": ", ".join(sorted(set(g["profile"]))),
+                    "torch": ", ".join(sorted(torch_versions)) or "?",
+                    "git revisions": len(set(g["git_rev"].dropna())) if "git_rev" in g else 0,
+                    "newest row": str(g["timestamp"].max())[:10] if "timestamp" in g else "?"})
+    return pd.DataFrame(out, columns=cols)
+
+
+def skipped_grouped(skipped_rows: pd.DataFrame) -> pd.DataFrame:
+    """skipped() folded by (hardware, notebook, status, reason): how many measurements, and which."""
+    cols = ["hardware", "notebook", "status", "reason", "count", "scenarios"]
+    if skipped_rows.empty:
+        return pd.DataFrame(columns=cols)
+    keys = ["hardware", "notebook", "status", "reason"]
+    out = [dict(zip(keys, k)) | {"count": len(g), "scenarios": "; ".join(f"{sc} ({m})" for m, sc in
+                                                                         zip(g["model"], g["scenario"]))}
+           for k, g in skipped_rows.groupby(keys, sort=True)]
+    return pd.DataFrame(out, columns=cols)
+
+
+READING_GUIDE = (
+    "How to read a row: `measured / published` is the measured value divided by the published one. For a speedup "
+    "or a ratio, above 1 means the effect measured here is larger than published (a larger speedup, or a larger "
+    "memory or latency ratio); for seconds or GiB, above 1 means slower or more memory. The verdict is "
+    "`within ±x%` when the factor lies in [1/(1+x), 1+x] (x is the row's band), otherwise `better than published` "
+    "or `worse than published` in the comparison's own sense (faster, less memory, a larger speedup). A row is "
+    "compared only on the hardware in `compared on` (any GPU, or the GPU model the source used), only from "
+    "full-profile rows, and only in the published dtype; `note` gives the remaining differences of setting.")
 
 
 def factor_matrix(table: pd.DataFrame) -> pd.DataFrame:
@@ -194,22 +242,33 @@ def markdown(df: pd.DataFrame) -> str:
 
 
 def summary_markdown(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated_by: str,
-                     covered: pd.DataFrame | None = None) -> str:
+                     covered: pd.DataFrame | None = None, rows: pd.DataFrame | None = None) -> str:
     """The published-vs-measured comparison per hardware, what no notebook reproduces, and what was skipped."""
     parts = [f"_Generated by {generated_by} from the result rows under `data/results/`; do not edit by hand._"]
     if table.empty:
         return "\n\n".join(parts + ["No result rows yet: run `make reproduce`."])
+    if rows is not None and not rows.empty:
+        prov = provenance(rows)
+        full = sorted(prov.loc[prov["profiles"].str.contains("full"), "hardware"])
+        parts.append(("Full-profile rows (the published workloads) come from: " + ", ".join(full) + "." if full else
+                      "**No full-profile (GPU) run is committed yet**, so every published figure below reads "
+                      "'not measured'. The rows below are smoke-profile runs of tiny models: they check mechanisms "
+                      "(parity, recompiles, graph breaks, byte counts), not speed. `docs/gpu-plan.md` lists the GPU "
+                      "runs that fill the table.") + "\n\n" + markdown(prov))
+    parts.append(READING_GUIDE)
     for hw, group in table.groupby("hardware", sort=True):
         measured = int(group["measured / published"].notna().sum())
         parts.append(f"### {hw}\n\n{measured} of {len(group)} comparisons with published figures measured "
-                     f"here.\n\n" + markdown(group.drop(columns=["hardware", "note"])))
+                     f"here.\n\n" + markdown(group.drop(columns=["hardware"])))
     if covered is not None and not covered.empty:
         left = covered[covered["compared in"] == ""]
         parts.append(f"### Published figures no notebook reproduces\n\n{len(covered) - len(left)} of "
                      f"{len(covered)} published figures are used by the comparisons above; the others, and why:"
                      f"\n\n" + markdown(left[["source", "scenario", "published", "not reproduced because"]]))
     if not skipped_rows.empty:
-        parts.append("### Skipped measurements\n\n" + markdown(skipped_rows))
+        parts.append(f"### Skipped measurements\n\n{len(skipped_rows)} measurements were not made; each notebook "
+                     "recorded why (its executed copy under `data/results/<hardware>/executed/` shows the cell):\n\n"
+                     + markdown(skipped_grouped(skipped_rows)))
     return "\n\n".join(parts)
 
 

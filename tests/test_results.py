@@ -214,3 +214,31 @@ def test_a_run_in_another_dtype_is_not_compared_with_a_bf16_figure():
 
 def test_every_comparison_names_the_published_dtype():
     assert set(report.comparisons()["dtype"]) == {"bf16"}
+
+
+def _rows_on(hardware: str, profile: str) -> pd.DataFrame:
+    """Two ok rows and two skipped rows with one reason, as read_rows returns them."""
+    base = {"hardware": hardware, "notebook": "08_cpu_offload", "model": "flux-dev", "profile": profile,
+            "device_name": "Some Device", "versions": {"torch": "2.13.0"}, "git_rev": "abc",
+            "timestamp": "2026-11-24T01:00:00+00:00", "dtype": "bf16"}
+    return pd.DataFrame([base | {"scenario": "no offload eager", "status": "ok", "reason": ""},
+                         base | {"scenario": "model offload eager", "status": "skipped", "reason": "needs CUDA"},
+                         base | {"scenario": "sequential offload eager", "status": "skipped", "reason": "needs CUDA"}])
+
+
+def test_the_summary_says_when_no_full_profile_run_exists_and_how_to_read_a_row():
+    rows = _rows_on("cpu", "smoke")
+    text = report.summary_markdown(report.compare(rows), report.skipped(rows), generated_by="t", rows=rows)
+    assert "No full-profile (GPU) run is committed yet" in text and "Some Device" in text and "2.13.0" in text
+    assert report.READING_GUIDE in text and "| band | compared on | note |" in text
+    # the two skipped rows share a reason: one line with a count of 2, both scenarios named
+    assert "| cpu | 08_cpu_offload | skipped | needs CUDA | 2 | model offload eager (flux-dev); sequential" in text
+    gpu = _rows_on("h100-80gb", "full")
+    text = report.summary_markdown(report.compare(gpu), report.skipped(gpu), generated_by="t", rows=gpu)
+    assert "No full-profile" not in text and "Full-profile rows (the published workloads) come from: h100-80gb." in text
+
+
+def test_latency_scenarios_leave_out_what_comparisons_read_as_compile_seconds():
+    timed = report.latency_scenarios()
+    assert "pipeline eager" in timed and "pipeline compiled (default, no precision-cast emulation)" in timed
+    assert "full compile (cold cache)" not in timed and "" not in timed
