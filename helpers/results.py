@@ -176,13 +176,16 @@ def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str |
 
 
 def rows_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Compact display of rows: scenario, status, latency (s), spread (s), peak memory (GiB), compile (s)."""
+    """Compact display of rows: scenario, status, latency (s), spread (s), peak memory (MiB or GiB), compile (s)."""
     if df.empty:
         return df
     out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
     out["latency median (s)"] = df["latency_median_s"]
     out["spread max-min (s)"] = df["latency_spread_s"]
-    out["peak memory (GiB)"] = df["peak_memory_bytes"].map(lambda b: None if pd.isna(b) else b / 2**30)
+    peak = df["peak_memory_bytes"].astype(float)
+    unit, scale = ("GiB", 2**30) if peak.max() >= 2**30 else ("MiB", 2**20)  # 3.7 MiB, not 0.003706 GiB
+    kinds = sorted(set(df["memory_kind"].dropna())) if "memory_kind" in df else []
+    out[f"peak memory ({unit}{'; ' + ', '.join(kinds) if kinds else ''})"] = peak / scale
     out["compile (s)"] = df["compile_s"]
     for col in ("recompiles", "graph_breaks"):
         if df[col].notna().any():

@@ -242,3 +242,14 @@ def test_latency_scenarios_leave_out_what_comparisons_read_as_compile_seconds():
     timed = report.latency_scenarios()
     assert "pipeline eager" in timed and "pipeline compiled (default, no precision-cast emulation)" in timed
     assert "full compile (cold cache)" not in timed and "" not in timed
+
+
+def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
+    def rows(peak: float) -> pd.DataFrame:
+        return pd.DataFrame([{"scenario": "s", "status": "ok", "latency_median_s": 1.0, "latency_spread_s": 0.1,
+                              "peak_memory_bytes": peak, "memory_kind": "cuda_max_allocated", "compile_s": None,
+                              "recompiles": None, "graph_breaks": None, "reason": ""}])
+    small = results.rows_table(rows(3.7 * 2**20))
+    assert small["peak memory (MiB; cuda_max_allocated)"].iloc[0] == pytest.approx(3.7)
+    large = results.rows_table(rows(22.5 * 2**30))
+    assert large["peak memory (GiB; cuda_max_allocated)"].iloc[0] == pytest.approx(22.5)
