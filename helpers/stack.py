@@ -112,7 +112,8 @@ def skip_reason(lever: str, model: str, device: torch.device) -> str:
         if not cuda:
             return "SDPA's cuDNN attention backend needs a CUDA GPU"
     if lever == "channels-last" and model == "flux-dev":
-        return "Flux's transformer has no convolutions, so its memory format changes nothing"
+        return ("Flux's transformer has no convolutions, so its memory format changes nothing there; this ladder's "
+                "recipe converts SDXL's UNet and its VAE, and leaves Flux's VAE as it is (flux-fast converts it)")
     if lever == "fp8":
         if not cuda:
             return "torchao's fp8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability 8.9 or newer"

@@ -1,6 +1,7 @@
 """helpers.parallel: analytic volumes, the checks (each fails on a planted wrong value), the CPU shims, the byte
 counter's arithmetic, and the scaling model."""
 
+import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
@@ -125,3 +126,20 @@ def test_published_is_none_when_absent_unless_required():
     assert parallel.published(parallel.XDIT_SOURCE, parallel.xdit_scenario("ulysses", 8)) is None
     with pytest.raises(KeyError, match="has 0 rows"):
         parallel.published(parallel.XDIT_SOURCE, parallel.xdit_scenario("ulysses", 8), required=True)
+
+
+def test_the_scaling_model_starts_from_a_flux_step_of_notebook_03(tmp_path):
+    """An SDXL row of notebook 03 on an H100 is not Flux's single-GPU step; the unemulated compile is preferred."""
+    from helpers import results
+    base = {"hardware": "h100-80gb", "notebook": "03_torch_compile", "profile": "full", "status": "ok",
+            "run_id": "r1"}
+    path = tmp_path / "h100-80gb" / "03_torch_compile.jsonl"
+    results.append_rows(path, [base | {"model": "sdxl", "scenario": "denoiser step compiled (default)",
+                                       "latency_median_s": 0.05}])
+    t1, source = parallel.model_step_s(tmp_path, pd.DataFrame())
+    assert source.startswith("published, not measured"), source  # planted SDXL row: not taken
+    results.append_rows(path, [base | {"model": "flux-dev", "scenario": s, "latency_median_s": v}
+                               for s, v in (("denoiser step compiled (default)", 0.16),
+                                            ("denoiser step compiled (default, no precision-cast emulation)", 0.15))])
+    t1, source = parallel.model_step_s(tmp_path, pd.DataFrame())
+    assert t1 == 0.15 and source.startswith("measured: notebook 03"), (t1, source)
