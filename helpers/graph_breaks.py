@@ -20,7 +20,7 @@ from torch._dynamo.utils import counters
 # Where the planted attention processors go: the first double-stream and the first single-stream block.
 DEBUG_PRINT_BLOCK = "transformer_blocks.0.attn.processor"
 DEBUG_ITEM_BLOCK = "single_transformer_blocks.0.attn.processor"
-# Latents beyond this magnitude are clamped by the planted input guard (never reached by sane inputs).
+# Latents beyond this magnitude are clamped by the planted input check (never reached by sane inputs).
 CLAMP_LIMIT = 1e4
 PLANTED: dict[str, str] = {
     "print in attention processor": "a debug processor prints each attention output's shape",
@@ -57,7 +57,7 @@ class DebugAttnProcessor(FluxAttnProcessor):
 
 
 def _broken_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, **kwargs: Any) -> Any:
-    """Flux forward behind an input guard written with a Python branch on a tensor, and a log call."""
+    """Flux forward behind an input check written with a Python branch on a tensor, and a log call."""
     if hidden_states.abs().amax() > CLAMP_LIMIT:
         hidden_states = hidden_states.clamp(-CLAMP_LIMIT, CLAMP_LIMIT)
     logger.info("denoiser step on latents of shape %s", tuple(hidden_states.shape))
@@ -66,7 +66,7 @@ def _broken_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, *
 
 def plant_breaks(transformer: FluxTransformer2DModel, stream: io.StringIO) -> None:
     """Install the four planted graph breaks of PLANTED on the real Flux transformer: the two debug processors on
-    DEBUG_PRINT_BLOCK and DEBUG_ITEM_BLOCK, and the guarded forward with its log call."""
+    DEBUG_PRINT_BLOCK and DEBUG_ITEM_BLOCK, and the checked forward with its log call."""
     processors = {name: FluxAttnProcessor() for name in transformer.attn_processors}
     processors[DEBUG_PRINT_BLOCK] = DebugAttnProcessor("print", stream)
     processors[DEBUG_ITEM_BLOCK] = DebugAttnProcessor("item", stream)
