@@ -48,10 +48,20 @@ def target_layers(module: torch.nn.Module, suffixes: Iterable[str] = ATTENTION_P
             and not name.endswith(".base_layer")]
 
 
+# One lora_alpha for every adapter, as trained adapters often share one: adapters of different ranks then have
+# different scalings alpha / r, which a hot-swap must write into the compiled model without recompiling.
+LORA_ALPHA: float = 16.0
+
+
+def scaling(rank: int, alpha: float = LORA_ALPHA) -> float:
+    """The factor peft multiplies B @ A by: lora_alpha / r."""
+    return alpha / rank
+
+
 @torch.no_grad()
 def random_lora_state_dict(module: torch.nn.Module, layers: Iterable[str], rank: int, *, seed: int,
-                           strength: float = 0.5) -> dict[str, torch.Tensor]:
-    """Seeded LoRA weights for the named Linear layers; with alpha = rank, B @ A is about strength x the layer's scale."""
+                           strength: float = 0.5, alpha: float = LORA_ALPHA) -> dict[str, torch.Tensor]:
+    """Seeded LoRA weights for the named Linear layers; scaling(rank, alpha) x B @ A is about strength x the layer's scale."""
     if rank < 1:
         raise ValueError(f"rank must be >= 1, got {rank}")
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -61,21 +71,22 @@ def random_lora_state_dict(module: torch.nn.Module, layers: Iterable[str], rank:
         layer = getattr(layer, "base_layer", layer)
         d_out, d_in = layer.weight.shape
         a = torch.randn(rank, d_in, generator=gen) * d_in**-0.5
-        b = torch.randn(d_out, rank, generator=gen) * (strength * (rank * d_in) ** -0.5)
+        b = torch.randn(d_out, rank, generator=gen) * (strength * (rank * d_in) ** -0.5 / scaling(rank, alpha))
         out[f"{name}.lora_A.weight"] = a.to(layer.weight.dtype)
         out[f"{name}.lora_B.weight"] = b.to(layer.weight.dtype)
     return out
 
 
-def lora_config(layers: Iterable[str], rank: int) -> LoraConfig:
-    """The peft LoraConfig of an adapter on exactly these layers, with alpha = rank (scaling 1)."""
-    return LoraConfig(r=rank, lora_alpha=rank, target_modules=sorted(layers), init_lora_weights=False)
+def lora_config(layers: Iterable[str], rank: int, alpha: float = LORA_ALPHA) -> LoraConfig:
+    """The peft LoraConfig of an adapter on exactly these layers, with lora_alpha = alpha (scaling alpha / rank)."""
+    return LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted(layers), init_lora_weights=False)
 
 
-def save_adapter(pipeline_class: Any, folder: Path, state_dict: dict[str, torch.Tensor], rank: int) -> Path:
+def save_adapter(pipeline_class: Any, folder: Path, state_dict: dict[str, torch.Tensor], rank: int,
+                 alpha: float = LORA_ALPHA) -> Path:
     """Write an adapter with the pipeline class's save_lora_weights (safetensors + LoraConfig metadata)."""
     layers = sorted(layer_ranks(state_dict))
-    config = lora_config(layers, rank).to_dict()
+    config = lora_config(layers, rank, alpha).to_dict()
     config = {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
     pipeline_class.save_lora_weights(Path(folder), transformer_lora_layers=state_dict,
                                      transformer_lora_adapter_metadata=config)

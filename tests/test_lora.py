@@ -186,3 +186,30 @@ def test_separated_adapter_says_when_no_scale_reaches_the_gap(tmp_path):
                                output=lambda: workloads.first_output(call()))
     with pytest.raises(ValueError, match="gap > 0"):
         lora.separated_adapter(pipe, tmp_path / "x", 4, seed=0, gap=0.0, apart_from=[base], output=call)
+
+
+def test_adapters_share_one_alpha_so_their_scalings_differ(files):
+    """Loaded the ordinary way, each layer scales B @ A by lora_alpha / r (16/4 = 4, 16/8 = 2): a swap between them
+    must change the scaling, not only the weights. After a hot-swap the prepared model holds the new scaling."""
+    made, layers = files
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32)
+    for r in (4, 8):
+        pipe.load_lora_weights(str(made[r]), adapter_name=f"a{r}")
+        assert pipe.transformer.get_submodule(layers[0]).scaling[f"a{r}"] == pytest.approx(lora.scaling(r))
+    assert lora.scaling(4) != lora.scaling(8) == lora.LORA_ALPHA / 8
+    swapped = _loaded(made[4])
+    swapped.load_lora_weights(str(made[8]), adapter_name="style", hotswap=True)
+    assert float(swapped.transformer.get_submodule(layers[0]).scaling["style"]) == pytest.approx(lora.scaling(8))
+
+
+def test_the_update_keeps_its_strength_whatever_the_alpha():
+    """B is drawn so that scaling x B @ A has the same size for any alpha (only the split between B and the
+    scaling changes); a planted alpha that the draw ignores would change the product by alpha / rank."""
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32)
+    layer = lora.target_layers(pipe.transformer)[0]
+    def update(alpha):
+        sd = lora.random_lora_state_dict(pipe.transformer, [layer], 4, seed=1, alpha=alpha)
+        return lora.scaling(4, alpha) * sd[f"{layer}.lora_B.weight"] @ sd[f"{layer}.lora_A.weight"]
+    assert torch.allclose(update(4.0), update(16.0), rtol=1e-5, atol=1e-8)
+    ignored = lora.scaling(4, 16.0) * update(4.0)  # planted: B drawn for alpha = rank, then scaled by 16 / 4
+    assert not torch.allclose(update(16.0), ignored, rtol=1e-5, atol=1e-8)
