@@ -18,6 +18,12 @@ def test_nf4_rows(tmp_path):
     assert reference["status"] == "ok" and reference["latency_median_s"] > 0
 
     dit, t5 = nb.row("nf4 load transformer")["extra"], nb.row("nf4 load text_encoder_2")["extra"]
+    # the full-size budget, counted on the meta device: the DiT's Linear weights at ~0.28 of bf16, T5 less (its wo
+    # layers and embedding stay bf16), CLIP and the VAE unchanged
+    budget = nb.row("full-size weight budget")["extra"]
+    nf4_b, bf16_b = budget["nf4_bytes"], budget["bf16_bytes"]
+    assert nf4_b["transformer"] / bf16_b["transformer"] < 0.3 < nf4_b["text_encoder_2"] / bf16_b["text_encoder_2"] < 1
+    assert nf4_b["vae"] == bf16_b["vae"] and 0 < budget["ratio"] < 0.5
     # which path ran on the CPU: diffusers' quantizer steps for the DiT (its from_pretrained needs a GPU),
     # transformers' from_pretrained for T5
     assert dit["quant_path"].startswith("diffusers BnB4BitDiffusersQuantizer steps") and "No GPU found" in dit["quant_path"]
