@@ -27,6 +27,20 @@ def test_names_are_ordered_and_contiguous():
     assert numbers == list(range(len(numbers))), f"numbers must run 00, 01, ... without gaps: {numbers}"
 
 
+def noisy_imports_before_helpers(setup: str) -> list[str]:
+    """Lines of a setup cell that import a library's names before helpers, whose import quiets their notices."""
+    lines = setup.splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("from helpers import")), len(lines))
+    return [line for line in lines[:first]
+            if re.match(r"(from (diffusers|transformers|torchao|peft|bitsandbytes)\b.* import )", line)]
+
+
+def test_the_import_order_check_flags_a_model_import_before_helpers():
+    planted = "import torch\nfrom diffusers import FluxTransformer2DModel\n\nfrom helpers import session\n"
+    assert noisy_imports_before_helpers(planted) == ["from diffusers import FluxTransformer2DModel"]
+    assert noisy_imports_before_helpers("import diffusers\nfrom helpers import session\nfrom diffusers import X\n") == []
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_hygiene(path):
     nb = json.loads(path.read_text())
@@ -50,6 +64,7 @@ def test_notebook_hygiene(path):
     assert not missing, f"template sections missing: {missing}"
     setup = "".join(code[1]["source"])
     assert f'session.start("{path.stem}"' in setup, "the setup cell starts the session under the file's own name"
+    assert not noisy_imports_before_helpers(setup), "import helpers before diffusers' names (it quiets their notices)"
     measuring = re.compile(r"time\.perf_counter|time\.time\(|time\.monotonic|cuda\.Event|cuda\.synchronize|"
                            r"memory_allocated|FlopCounterMode|torch\.profiler|psutil")
     assert not any(measuring.search("".join(c["source"])) for c in code), "measuring code belongs in helpers/"
