@@ -50,7 +50,7 @@ def target_layers(module: torch.nn.Module, suffixes: Iterable[str] = ATTENTION_P
 
 # One lora_alpha for every adapter, as trained adapters often share one: adapters of different ranks then have
 # different scalings alpha / r, which a hot-swap must write into the compiled model without recompiling.
-LORA_ALPHA: float = 16.0
+LORA_ALPHA: int = 16  # peft types lora_alpha as an int
 
 
 def scaling(rank: int, alpha: float = LORA_ALPHA) -> float:
