@@ -56,6 +56,11 @@ class Memory:
         """Peak in GiB."""
         return self.peak_bytes / 2**30
 
+    @property
+    def peak_text(self) -> str:
+        """The peak in a unit that shows it: '22.50 GiB', or '3.8 MiB' below 1 GiB."""
+        return f"{self.peak_gib:.2f} GiB" if self.peak_bytes >= 2**30 else f"{self.peak_bytes / 2**20:.1f} MiB"
+
 
 MEMORY_KINDS: dict[str, str] = {
     "cuda_max_allocated": "CUDA caching allocator: torch.cuda.max_memory_allocated() during the call "

@@ -47,25 +47,30 @@ def _published_value(pub: pd.DataFrame, source: str, scenario: str, metric: str)
     return value * GIB if unit == "GB" else value
 
 
+def _latest_ok(rows: pd.DataFrame, scenario: str) -> pd.Series | None:
+    """The latest ok row of the named scenario, or None."""
+    hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
+    return None if hit.empty else hit.iloc[-1]
+
+
 def _measured_value(rows: pd.DataFrame, scenario: str, field: str) -> float | None:
     """The measured field of the named scenario (a row column, else a key of its extra), or None when absent or not ok."""
-    hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
-    if hit.empty:
+    last = _latest_ok(rows, scenario)
+    if last is None:
         return None
-    last = hit.iloc[-1]
-    value = last[field] if field in hit else None
+    value = last[field] if field in last else None
     if value is None or pd.isna(value):
-        extra = last["extra"] if "extra" in hit else None
+        extra = last["extra"] if "extra" in last else None
         value = extra.get(field) if isinstance(extra, dict) else None
     return None if value is None or pd.isna(value) else float(value)
 
 
 def _measured_dtype(rows: pd.DataFrame, scenario: str) -> str | None:
     """The dtype of the named scenario's latest ok row, or None when absent or not recorded."""
-    hit = rows[(rows["scenario"] == scenario) & (rows["status"] == "ok")]
-    if hit.empty or "dtype" not in hit or pd.isna(hit["dtype"].iloc[-1]):
+    last = _latest_ok(rows, scenario)
+    if last is None or "dtype" not in last or pd.isna(last["dtype"]):
         return None
-    return str(hit["dtype"].iloc[-1])
+    return str(last["dtype"])
 
 
 def _hardware_matches(hardware_class: str, hardware: str) -> bool:

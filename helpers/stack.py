@@ -53,6 +53,7 @@ class Stage:
     image_drift: float
     tolerance: float
     finite: bool
+    cache_hits: int = 0  # inductor cache hits at the first image (the cache is used as found)
     step_out: torch.Tensor = field(repr=False, default_factory=lambda: torch.empty(0))
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -153,7 +154,8 @@ class Ladder:
                       memory=memory, graphs=first.graphs, graph_breaks=first.graph_breaks,
                       recompiles=later.graphs, step_drift=compile_tools.relative_error(step_out, self.step_ref),
                       image_drift=compile_tools.relative_error(image_out, self.image_ref), tolerance=tolerance,
-                      finite=bool(torch.isfinite(step_out).all()), step_out=step_out, extra=extra)
+                      finite=bool(torch.isfinite(step_out).all()), cache_hits=first.cache_hits, step_out=step_out,
+                      extra=extra)
         self.stages.append(stage)
         self.order.append(name)
         base = self.stages[0]
@@ -179,10 +181,12 @@ class Ladder:
         lines: dict[str, dict[str, Any]] = {}
         for s in self.stages:
             lines[s.name] = {
-                "lever": s.lever, "image (s)": s.image.median_s, "step (ms)": s.step.median_s * 1e3,
+                "lever": s.lever, "image (s)": s.image.median_s, "image spread max-min (s)": s.image.spread_s,
+                "step (ms)": s.step.median_s * 1e3, "step spread max-min (ms)": s.step.spread_s * 1e3,
                 "image speedup vs eager (x)": base.image.median_s / s.image.median_s if base else math.nan,
                 "step speedup vs eager (x)": base.step.median_s / s.step.median_s if base else math.nan,
-                "first image incl. compile (s)": s.first_image_s, "peak memory (GiB)": s.memory.peak_gib,
+                "first image incl. compile, inductor cache as found (s)": s.first_image_s,
+                "compile cache hits at first image (count)": s.cache_hits, "peak memory (GiB)": s.memory.peak_gib,
                 "step drift vs eager (rel. L2)": s.step_drift, "image drift vs eager (rel. L2)": s.image_drift,
                 "graphs at first image (count)": s.graphs, "graph breaks (count)": s.graph_breaks,
                 "recompiles after (count)": s.recompiles}

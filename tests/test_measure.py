@@ -134,3 +134,8 @@ def test_out_of_memory_returns_the_reason_and_lets_other_errors_through():
         raise RuntimeError("shape mismatch")
     with pytest.raises(RuntimeError, match="shape mismatch"):
         measure.out_of_memory(other)
+
+
+def test_peak_text_picks_a_unit_that_shows_the_peak():
+    assert measure.Memory(int(3.8 * 2**20), 0, "cpu_allocated_during_call").peak_text == "3.8 MiB"
+    assert measure.Memory(int(22.5 * 2**30), 0, "cuda_max_allocated").peak_text == "22.50 GiB"
