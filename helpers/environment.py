@@ -116,6 +116,35 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The CPU features that change what a CPU run computes: oneDNN's bf16/fp16 kernels, bitsandbytes' AVX512 paths.
+_CPU_FLAGS_OF_NOTE: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_bf16",
+                                        "amx_fp16", "amx_tile")
+
+
+def cpu_note() -> str:
+    """One line on the CPU a run's arithmetic depends on: name, cores, torch's capability, the flags of note, and
+    whether bf16 is native (what DTYPE='auto' picks) and bitsandbytes' AVX512-BF16 path is taken."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    of_note = [flag for flag in _CPU_FLAGS_OF_NOTE if flag in flags] or ["(no /proc/cpuinfo flags)"]
+    bf16 = "yes" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
+    try:
+        import bitsandbytes.functional as bnbf
+        bnb = "yes" if bnbf.has_avx512bf16() else "no"
+    except Exception as err:  # noqa: BLE001 - a missing or broken bitsandbytes is itself the note
+        bnb = f"n/a ({type(err).__name__})"
+    return (f"CPU: {_cpu_name()}, {os.cpu_count()} cores; torch capability {torch.backends.cpu.get_cpu_capability()}; "
+            f"flags {' '.join(of_note)}; native bf16 (DTYPE='auto' -> bf16): {bf16}; "
+            f"bitsandbytes AVX512-BF16 path: {bnb}")
+
+
 def _sync(device: torch.device) -> None:
     """Wait for queued work on device."""
     if device.type == "cuda":

@@ -40,7 +40,9 @@ def test_nf4_rows(tmp_path):
         assert parts["quant_state_bytes"] >= extra["nf4_scale_bytes"] > 0
         assert parts["parameter_bytes"] + parts["buffer_bytes"] == extra["get_memory_footprint_nf4_bytes"]
         assert extra["nf4_linear_bytes"] <= extra["footprint_nf4_bytes"] < extra["footprint_reference_bytes"]
-        assert extra["reference_dtype"] == dtype and 0.03 < extra["weight_error"] < 0.2
+        assert extra["reference_dtype"] == dtype
+        # the measured error is the one the NF4 format gives these weights, on every machine (issue 27)
+        assert quantize.weight_error_problem(extra["weight_error"], extra["weight_error_format"]) == ""
 
     eager = nb.row("nf4 eager")
     assert eager["status"] == "ok" and eager["latency_median_s"] > 0 and eager["extra"]["outputs_finite"] is True

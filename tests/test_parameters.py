@@ -109,3 +109,29 @@ def test_run_setup_runs_the_setup_cell_with_the_overrides(tmp_path):
     assert ns["s"].writer.path.is_relative_to(tmp_path / "results")
     with pytest.raises(params.ParameterError, match="LOG_LINES=0 must be a positive integer"):
         run_setup("06_graph_breaks", tmp_path, LOG_LINES=0)
+
+
+_NATIVE_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@pytest.mark.skipif(not _NATIVE_BF16, reason="this CPU has no native bf16 (AVX512-BF16 or AMX): auto gives fp32 here")
+def test_dtype_auto_on_a_cpu_with_native_bf16_is_bf16():
+    """The real resolution on this machine, no stand-in: a CPU with AVX512-BF16 or AMX runs the smoke profile in bf16."""
+    name, why = params.resolve_dtype("auto", torch.device("cpu"))
+    assert name == "bf16" and "natively" in why
+
+
+@pytest.mark.skipif(_NATIVE_BF16, reason="this CPU has native bf16 (AVX512-BF16 or AMX): auto gives bf16 here")
+def test_dtype_auto_on_a_cpu_without_native_bf16_is_fp32():
+    """The real resolution on this machine, no stand-in: an AVX2-only CPU runs the smoke profile in fp32."""
+    name, why = params.resolve_dtype("auto", torch.device("cpu"))
+    assert name == "fp32" and "no bf16 instructions" in why
+
+
+def test_cpu_note_names_what_the_arithmetic_depends_on():
+    from helpers import environment
+
+    note = environment.cpu_note()
+    assert note.startswith("CPU: ") and "torch capability" in note
+    assert f"native bf16 (DTYPE='auto' -> bf16): {'yes' if _NATIVE_BF16 else 'no'}" in note
+    assert "bitsandbytes AVX512-BF16 path: " in note

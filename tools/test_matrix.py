@@ -346,10 +346,13 @@ def main(argv: list[str] | None = None) -> int:
         outcomes[(nb, label)] = Outcome(o.status, o.message, o.seconds, shared_with=first)
     import torch
 
+    from helpers import environment
+
     axes = f"seeds {args.seeds}" if "seeds" in args.axes else "no seed column"
     axes += "" if args.axes == AXES else f" (axes: {', '.join(args.axes)})"
     header = (f"Test matrix, smoke profile, {time.strftime('%Y-%m-%d %H:%M')}: {axes}, jobs {args.jobs}, "
-              f"{os.cpu_count()} CPU cores, torch {torch.__version__}, CUDA: {torch.cuda.is_available()}")
+              f"{os.cpu_count()} CPU cores, torch {torch.__version__}, CUDA: {torch.cuda.is_available()}\n\n"
+              f"Hardware: {environment.cpu_note()}")
     table = markdown_table(notebooks, cols, outcomes, wall, header)
     print()
     print(table)
