@@ -68,6 +68,7 @@ class Run:
     settings: ProfileSettings
     knobs: dict[str, Any] = field(default_factory=dict)
     dtype_reason: str = ""
+    weights_reason: str = ""
 
     @property
     def is_cuda(self) -> bool:
@@ -116,14 +117,19 @@ def check_positive_int(name: str, value: Any) -> int:
     return value
 
 
-WEIGHT_CHOICES = ("'random' (seeded random weights in the real architecture, from data/configs), an existing "
-                  "local folder saved with save_pretrained, or a hub id org/name such as "
-                  "'black-forest-labs/FLUX.1-dev'")
+WEIGHT_CHOICES = ("'auto' (the smoke profile: the project's trained tiny model where it ships one, else 'random'; the "
+                  "full profile: 'random'), 'random' (seeded random weights in the real architecture, from "
+                  "data/configs), an existing local folder, or a hub id such as 'black-forest-labs/FLUX.1-dev'")
+
+
+def trained_smoke_folder(model: str) -> Path:
+    """Where the project's trained smoke model of a MODEL ships (it may not exist: then 'auto' means 'random')."""
+    return paths.MODELS_DIR / f"{model}-smoke"
 
 
 def check_weights(weights: str) -> str:
-    """Accept 'random', an existing local folder (returned resolved), or a hub id of the form org/name."""
-    if weights == "random":
+    """Accept 'auto', 'random', an existing local folder (returned resolved), or a hub id of the form org/name."""
+    if weights in ("auto", "random"):
         return weights
     if Path(weights).expanduser().is_dir():
         return str(Path(weights).expanduser().resolve())
@@ -132,6 +138,18 @@ def check_weights(weights: str) -> str:
         raise ParameterError(f"WEIGHTS={weights!r} is not usable: it is not an existing folder. "
                              f"Allowed: {WEIGHT_CHOICES}")
     return weights
+
+
+def resolve_weights(weights: str, model: str, profile: str) -> tuple[str, str]:
+    """Turn WEIGHTS='auto' into the trained smoke folder (smoke, where one ships) or 'random', and say why."""
+    if weights != "auto":
+        return weights, f"{weights}: chosen explicitly"
+    folder = trained_smoke_folder(model)
+    if profile == "smoke" and (folder / "model_index.json").is_file():
+        return str(folder), f"auto: the project's trained smoke model ({paths.relative(folder)})"
+    why = "the full profile keeps the real architecture with seeded random weights (no download)" \
+        if profile == "full" else f"no trained smoke model ships for {model}"
+    return "random", f"auto: random, because {why}"
 
 
 def _cuda_memory_gib() -> float:
@@ -200,6 +218,7 @@ def resolve(
     if WARMUP is not None and not (isinstance(WARMUP, int) and not isinstance(WARMUP, bool) and WARMUP >= 0):
         raise ParameterError(f"WARMUP={WARMUP!r} must be None or an integer >= 0, e.g. 1")
     profile, reason = _resolve_profile(PROFILE)
+    weights, weights_reason = resolve_weights(weights, MODEL, profile)
     settings = PROFILE_SETTINGS[profile]
     settings = replace(settings, repeats=REPEATS or settings.repeats,
                        warmup=settings.warmup if WARMUP is None else WARMUP)
@@ -220,4 +239,5 @@ def resolve(
         settings=settings,
         knobs=dict(knobs),
         dtype_reason=dtype_reason,
+        weights_reason=weights_reason,
     )

@@ -8,6 +8,7 @@ DATA_DIR: Path = ROOT / "data"
 RESULTS_DIR: Path = DATA_DIR / "results"
 REFERENCE_DIR: Path = DATA_DIR / "reference"
 FIGURES_DIR: Path = ROOT / "figures"
+MODELS_DIR: Path = DATA_DIR / "models"
 
 
 def relative(path: Path) -> str:

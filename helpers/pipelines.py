@@ -38,7 +38,7 @@ from transformers import (
 from transformers.initialization import no_init_weights
 
 from helpers import paths
-from helpers.params import check_choice, check_weights
+from helpers.params import check_choice, check_weights, resolve_weights
 
 MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
 PROFILES: tuple[str, ...] = ("smoke", "full")
@@ -48,7 +48,7 @@ CONFIGS_DIR: Path = paths.DATA_DIR / "configs"
 TOKENIZERS_DIR: Path = paths.DATA_DIR / "tokenizers"
 PROMPT = "a photo of a cat holding a sign"
 
-_PIPELINE_CLASS: dict[str, type[diffusers.DiffusionPipeline]] = {
+PIPELINE_CLASS: dict[str, type[diffusers.DiffusionPipeline]] = {
     "flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline,
 }
 # Model components in the order count_parameters reports them: denoiser, text encoders, VAE.
@@ -184,7 +184,7 @@ def _time_tapers(module: torch.nn.Module) -> dict[int, torch.Tensor]:
 def _check_saved_pipeline(model: str, folder: Path) -> None:
     """Refuse a local folder whose model_index.json names another pipeline class than the model's."""
     index = folder / "model_index.json"
-    expected = _PIPELINE_CLASS[model].__name__
+    expected = PIPELINE_CLASS[model].__name__
     found = json.loads(index.read_text()).get("_class_name") if index.is_file() else None
     if found is not None and found != expected:
         raise ValueError(f"WEIGHTS={str(folder)!r} holds a {found}, but MODEL={model!r} needs a {expected}")
@@ -209,28 +209,20 @@ def build_pipeline(
         raise ValueError(f"dtype={dtype!r} is not allowed; choose one of: {', '.join(map(str, _FLOAT_DTYPES))}")
     device = torch.device(device)
     source = check_weights(str(weights))
-    pipeline_class = _PIPELINE_CLASS[model]
+    pipeline_class = PIPELINE_CLASS[model]
     if denoiser_config and source != "random":
         raise ValueError(f"denoiser_config={denoiser_config!r} changes the architecture, so it needs "
                          f"WEIGHTS='random', not {source!r}")
 
+    source, _ = resolve_weights(source, model, profile)
     if source != "random":
         if Path(source).is_dir():
             _check_saved_pipeline(model, Path(source))
         # diffusers 0.42 names the argument dtype (torch_dtype still works but is deprecated).
         pipe = pipeline_class.from_pretrained(source, dtype=dtype).to(device)
     else:
-        components: dict[str, Any] = _build_models(model, profile, device, dtype, denoiser_config)
-        for name, module in components.items():
-            _randomise(module, _component_seed(seed, name))
-        scheduler_class = _SCHEDULER_CLASS[model]
-        components["scheduler"] = scheduler_class.from_config(
-            scheduler_class.load_config(config_dir(model, profile) / "scheduler"))
-        for slot, (folder, tokenizer_class) in _TOKENIZERS[model].items():
-            components[slot] = tokenizer_class.from_pretrained(TOKENIZERS_DIR / folder)
-        extra = {"add_watermarker": False} if model == "sdxl" else {}
-        # Every module already lives on device; pipe.to(device) would only add diffusers' fp16-on-CPU warning.
-        pipe = pipeline_class(**components, **extra)
+        pipe = pipeline_class(**random_components(model, profile, dtype=dtype, device=device, seed=seed,
+                                                  denoiser_config=denoiser_config))
 
     for component in pipe.components.values():
         if isinstance(component, torch.nn.Module):
@@ -238,13 +230,35 @@ def build_pipeline(
     return pipe
 
 
+def random_components(model: str, profile: str, *, dtype: torch.dtype = torch.bfloat16,
+                      device: str | torch.device = "cpu", seed: int = 0,
+                      denoiser_config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The keyword arguments of the model's pipeline class, made from data/configs/<model>/<profile>: each model
+    component by its class's from_config, on device in dtype, with seeded random weights (_randomise); the
+    scheduler by its from_config; the project's tokenizers by from_pretrained."""
+    device = torch.device(device)
+    components: dict[str, Any] = _build_models(model, profile, device, dtype, denoiser_config)
+    for name, module in components.items():
+        _randomise(module, _component_seed(seed, name))
+        module.eval()
+    scheduler_class = _SCHEDULER_CLASS[model]
+    components["scheduler"] = scheduler_class.from_config(
+        scheduler_class.load_config(config_dir(model, profile) / "scheduler"))
+    for slot, (folder, tokenizer_class) in _TOKENIZERS[model].items():
+        components[slot] = tokenizer_class.from_pretrained(TOKENIZERS_DIR / folder)
+    if model == "sdxl":
+        components["add_watermarker"] = False
+    # Every module already lives on device; pipe.to(device) would only add diffusers' fp16-on-CPU warning.
+    return components
+
+
 def _model_of(pipe: diffusers.DiffusionPipeline) -> str:
     """Which of MODELS a pipeline object is."""
-    for model, cls in _PIPELINE_CLASS.items():
+    for model, cls in PIPELINE_CLASS.items():
         if isinstance(pipe, cls):
             return model
     raise TypeError(f"{type(pipe).__name__} is not one of the project's pipelines "
-                    f"({', '.join(c.__name__ for c in _PIPELINE_CLASS.values())})")
+                    f"({', '.join(c.__name__ for c in PIPELINE_CLASS.values())})")
 
 
 def denoiser(pipe: diffusers.DiffusionPipeline) -> torch.nn.Module:

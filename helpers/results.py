@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers import paths
 from helpers.environment import EnvironmentCard
 from helpers.measure import Memory, Timing
 from helpers.params import Run
@@ -90,6 +91,11 @@ def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
         raise
 
 
+def _weights_label(weights: str) -> str:
+    """WEIGHTS as a row keeps it: a local folder inside the project relative to its root, else as given."""
+    return paths.relative(Path(weights)) if Path(weights).is_absolute() else weights
+
+
 class ResultWriter:
     """Writes the rows of one notebook run; every row carries the run's id, card and parameters."""
 
@@ -124,7 +130,7 @@ class ResultWriter:
         base.update({k: v for k, v in fields.items() if k in known})
         row = Row(
             notebook=self.run.notebook, scenario=scenario, status=status, reason=reason,
-            profile=self.run.profile, weights=self.run.weights, hardware=self.card.hardware,
+            profile=self.run.profile, weights=_weights_label(self.run.weights), hardware=self.card.hardware,
             device_name=self.card.device_name, versions=self.card.versions, git_rev=self.card.git_rev,
             peak_tflops=self.card.peak_tflops, run_id=self.run_id,
             timestamp=datetime.now(UTC).isoformat(timespec="seconds"), **base,

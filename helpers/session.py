@@ -18,17 +18,23 @@ class Session:
     card: environment.EnvironmentCard
     writer: results.ResultWriter
 
-    def card_table(self) -> pd.DataFrame:
-        """The environment card and the resolved run as a two-column table."""
-        r = self.run
-        rows = [("notebook", r.notebook), ("profile", r.profile_reason), ("model", r.model),
-                ("weights", r.weights), ("dtype", r.dtype_reason or r.dtype_name), ("seed", str(r.seed)),
+    def card_table(self, full: bool = False) -> pd.DataFrame:
+        """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
+        full=True every field of the environment card, the timing settings, the results file and the knobs."""
+        r, c = self.run, self.card
+        device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
+        rows = [("device", device), ("dtype", r.dtype_reason or r.dtype_name), ("profile", r.profile_reason),
+                ("model", r.model), ("weights", r.weights_reason or r.weights),
                 ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
-                             f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}")),
-                ("timing", f"{r.settings.warmup} warm-up + {r.settings.repeats} timed runs, median reported"),
-                ("results file", str(self.writer.path))]
-        rows += self.card.as_table()
-        rows += [(f"knob: {k}", repr(v)) for k, v in r.knobs.items()]
+                              f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}")),
+                ("torch / diffusers", f"{c.versions.get('torch', '?')} / {c.versions.get('diffusers', '?')}"),
+                ("git revision", c.git_rev)]
+        if full:
+            rows += [("notebook", r.notebook), ("seed", str(r.seed)),
+                     ("timing", f"{r.settings.warmup} warm-up + {r.settings.repeats} timed runs, median reported"),
+                     ("results file", str(self.writer.path))]
+            rows += c.as_table()
+            rows += [(f"knob: {k}", repr(v)) for k, v in r.knobs.items()]
         return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 
 

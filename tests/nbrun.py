@@ -32,6 +32,10 @@ class NotebookRun:
         assert len(hit) == 1, f"expected one row {scenario!r}, found {len(hit)}: {sorted(self.rows['scenario'])}"
         return hit.iloc[0]
 
+    def checks(self) -> dict[str, dict[str, Any]]:
+        """The notebook's Checks table as it recorded it (row 'checks'): claim -> {measured, expected, holds}."""
+        return {c["claim"]: c for c in self.row("checks")["extra"]["checks"]}
+
     def text(self) -> str:
         """All text outputs of the executed notebook, for assertions on what it printed."""
         out = []

@@ -346,14 +346,14 @@ def test_weight_error_problem_fails_on_the_avx512_values():
         assert "not within" in quantize.weight_error_problem(planted, 0.0921), planted
 
 
-def _narrow_nf4_layer(seed: int = 0):
-    """One 32-wide NF4 layer (as in the smoke models), quantized on the CPU."""
+def _narrow_nf4_layer(seed: int = 0, width: int = 32, dtype: torch.dtype = torch.float32):
+    """One NF4 layer (32 wide: as in the smoke models), quantized on the CPU from weights in dtype."""
     import bitsandbytes as bnb
 
-    ref = torch.nn.Linear(32, 64, bias=True)
+    ref = torch.nn.Linear(width, 64, bias=True, dtype=dtype)
     with torch.no_grad():
         ref.weight.normal_(generator=torch.Generator().manual_seed(seed))
-    layer = bnb.nn.Linear4bit(32, 64, bias=True, quant_type="nf4", compute_dtype=torch.float32)
+    layer = bnb.nn.Linear4bit(width, 64, bias=True, quant_type="nf4", compute_dtype=dtype, quant_storage=torch.uint8)
     layer.load_state_dict(ref.state_dict())
     layer = layer.to("cpu")
     if getattr(layer.weight, "quant_state", None) is None:
@@ -380,6 +380,15 @@ def test_misdecoded_layers_finds_a_planted_bad_decode(monkeypatch):
     with torch.inference_mode():
         expected = torch.nn.functional.linear(x, quantize.nf4_dequantize(model[0].weight), model[0].bias)
         assert torch.allclose(model(x), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_right_decode_is_not_flagged(dtype):
+    """Rows of whole blocks decode right on every machine, with fp32 or bf16 scales (a bf16 decode is one rounding
+    away from the format's fp32 one, which the comparison allows)."""
+    model, _ = _narrow_nf4_layer(width=128, dtype=dtype)
+    assert model[0].weight.quant_state.nested  # Linear4bit's default: double quantization, decoded too
+    assert quantize.misdecoded_layers(model) == []
 
 
 def _kernel_misdecodes_narrow_rows() -> bool:

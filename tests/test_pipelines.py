@@ -250,7 +250,7 @@ def test_save_and_reload_through_weights_folder(model, smoke_fp32, tmp_path, mon
 
 
 def test_weights_and_choices_are_validated(tmp_path):
-    with pytest.raises(ValueError, match=r"WEIGHTS=.*not an existing folder.*'random'.*folder.*org/name"):
+    with pytest.raises(ValueError, match=r"WEIGHTS=.*not an existing folder.*'auto'.*'random'.*folder.*hub id"):
         pipelines.build_pipeline("flux-dev", "smoke", weights=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="WEIGHTS"):
         pipelines.build_pipeline("flux-dev", "smoke", weights="./models/flux")

@@ -1,0 +1,44 @@
+"""helpers.checks: the Checks cell holds only when every claim holds, and records its table as a row."""
+
+import pytest
+
+from helpers import checks, params, results
+from helpers.environment import environment_card
+
+
+def _writer(tmp_path):
+    run = params.resolve("00_x", PROFILE="smoke", RESULTS_DIR=str(tmp_path))
+    return results.ResultWriter(run, environment_card(run.device, run.dtype))
+
+
+def test_all_claims_hold_records_the_table(tmp_path):
+    c = checks.Checks()
+    c.add("zero recompiles", 0, 0, 0 == 0)
+    c.add("parity (relative L2)", 1.234567e-3, "< 0.01", 1.234567e-3 < 0.01)
+    writer = _writer(tmp_path)
+    table = c.evaluate(writer)
+    assert list(table.columns) == ["measured", "expected", "holds"] and table["holds"].all()
+    assert table.loc["parity (relative L2)", "measured"] == "0.001235"
+    (row,) = [r for r in results.read_rows(tmp_path).itertuples() if r.scenario == "checks"]
+    assert row.status == "ok" and [x["claim"] for x in row.extra["checks"]] == list(table.index)
+
+
+@pytest.mark.parametrize("planted", [1, float("nan")])
+def test_a_planted_failure_raises_and_is_recorded(tmp_path, planted):
+    c = checks.Checks()
+    c.add("zero recompiles", 0, 0, True)
+    c.add("drift below 0.01", planted, "< 0.01", planted < 0.01)
+    writer = _writer(tmp_path)
+    with pytest.raises(checks.ChecksFailed, match="1 of 2 claims do not hold:\n- drift below 0.01"):
+        c.evaluate(writer)
+    (row,) = [r for r in results.read_rows(tmp_path).itertuples() if r.scenario == "checks"]
+    assert row.status == "failed" and row.extra["checks"][1]["holds"] is False
+
+
+def test_an_empty_checks_cell_and_a_repeated_claim_are_refused():
+    with pytest.raises(checks.ChecksFailed, match="checks nothing"):
+        checks.Checks().evaluate()
+    c = checks.Checks()
+    c.add("a", 1, 1, True)
+    with pytest.raises(ValueError, match="already listed"):
+        c.add("a", 2, 2, True)
