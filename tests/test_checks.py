@@ -13,8 +13,9 @@ def _writer(tmp_path):
 
 def test_all_claims_hold_records_the_table(tmp_path):
     c = checks.Checks()
-    c.add("zero recompiles", 0, 0, 0 == 0)
-    c.add("parity (relative L2)", 1.234567e-3, "< 0.01", 1.234567e-3 < 0.01)
+    recompiles, drift = 0, 1.234567e-3
+    c.add("zero recompiles", recompiles, 0, recompiles == 0)
+    c.add("parity (relative L2)", drift, "< 0.01", drift < 0.01)
     writer = _writer(tmp_path)
     table = c.evaluate(writer)
     assert list(table.columns) == ["measured", "expected", "holds"] and table["holds"].all()
