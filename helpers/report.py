@@ -149,6 +149,34 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
     return pd.DataFrame(out)
 
 
+def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
+                   reference_dir: Path = paths.REFERENCE_DIR) -> str:
+    """One line setting this run's figure beside the published one of a comparison (comparisons.csv id): what this
+    run measured and on what, then the published figure, its hardware and source; a figure the smoke profile or
+    another hardware class cannot compare is said to be no comparison, in the same line."""
+    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
+    hit = comps[comps["id"] == comparison_id]
+    if len(hit) != 1:
+        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
+    c = hit.iloc[0]
+    pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
+    if c.kind not in ("absolute", "factor"):
+        base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
+        pval = base / pval if c.kind == "speedup" else pval / base
+    what = {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(c.kind, c.published_metric.replace("_", " "))
+    mine = _fmt(measured, c.kind, c.measured_field)
+    if profile != "full":
+        status = "tiny model: no comparison"
+    elif not _hardware_matches(c.hardware_class, hardware):
+        status = f"no comparison: published on {c.hardware_class}"
+    else:
+        status = "compared in the table below"
+    row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
+    published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
+    return (f"{what}: this run ({hardware}, {profile} profile) {mine} ({status}); published: "
+            f"{_fmt(pval, c.kind, c.measured_field)} for {c.model} on {published_hw} ({c.published_source})")
+
+
 # --- The reproduction report (notebook 11): tables, figures and the README's generated region ---
 
 README_START = "<!-- results:start -->"

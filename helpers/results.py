@@ -146,6 +146,10 @@ class ResultWriter:
         self.rows.append(row)
         return row
 
+    def frame(self) -> pd.DataFrame:
+        """This run's rows as a DataFrame with the columns read_rows gives (for report.compare and plots)."""
+        return pd.DataFrame([asdict(r) for r in self.rows])
+
     def table(self) -> pd.DataFrame:
         """This run's rows as a display table: units in the column names, 4 significant digits, '—' for none."""
         return readable(rows_table(pd.DataFrame([asdict(r) for r in self.rows])))

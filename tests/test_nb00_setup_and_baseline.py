@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from helpers import measure, precision
-from tests.nbrun import run_notebook
+from helpers import measure, params, precision
+from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
@@ -29,6 +29,14 @@ def test_baseline_rows(tmp_path):
     assert math.isclose(flops["floor_s_for_all_steps"],
                         2 * flops["flops_per_step"] / (base["peak_tflops"] * 1e12), rel_tol=1e-6)
     assert set(nb.rows["run_id"]) == {base["run_id"]}
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    assert {"the pipeline made an image of the requested size", "every timed sample is positive",
+            "the step stays within the measured matmul peak (+ noise margin)"} <= set(claims)
+    if params.trained_smoke_folder("flux-dev").joinpath("model_index.json").is_file():  # WEIGHTS="auto" loads it
+        assert base["weights"] == "data/models/flux-dev-smoke"
+        drawn = nb.row("digits drawn")["extra"]
+        assert drawn["recognized"] > 0.5 and claims["the classifier reads the prompted digit (share of 0-9)"]["holds"]
     assert (nb.figures_dir / "cpu" / "00_setup_and_baseline_time_per_component.png").stat().st_size > 1000
     assert "not measured" in nb.text()
 
@@ -40,3 +48,10 @@ def test_baseline_sdxl(tmp_path):
     flops = nb.row("denoiser flops")["extra"]
     assert flops["flops_per_step"] > 0
     measure.check_fraction_of_peak(flops["fraction_of_peak"], flops["peak_is_native"])
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", 7])
+def test_bad_prompt_fails_fast(tmp_path, prompt):
+    with pytest.raises(params.ParameterError, match="PROMPT=.*non-empty string"):
+        run_setup("00_setup_and_baseline", tmp_path, PROMPT=prompt)
+    assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"

@@ -253,3 +253,16 @@ def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
     assert small["peak memory (MiB; cuda_max_allocated)"].iloc[0] == pytest.approx(3.7)
     large = results.rows_table(rows(22.5 * 2**30))
     assert large["peak memory (GiB; cuda_max_allocated)"].iloc[0] == pytest.approx(22.5)
+
+
+def test_published_line_sets_this_run_beside_the_published_figure():
+    from helpers import report
+
+    line = report.published_line("eager-latency", 0.5, "cpu", "smoke")
+    assert line == ("latency: this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: 6.70 s "
+                    "for flux-dev on H100 (hands-on-guide)")
+    assert "published: 1.49x" in report.published_line("compile-speedup", 1.2, "cpu", "smoke")  # 6.7 / 4.5
+    assert "no comparison: published on H100" in report.published_line("eager-latency", 9.0, "h200", "full")
+    assert "compared in the table below" in report.published_line("eager-latency", 7.0, "h100-80gb-hbm3", "full")
+    with pytest.raises(KeyError, match="no-such-id"):
+        report.published_line("no-such-id", 1.0, "cpu", "smoke")
