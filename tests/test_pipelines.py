@@ -333,7 +333,11 @@ def test_bf16_build_computes_what_fp32_build_computes(model, smoke_fp32):
             **pipelines.denoiser_inputs(smoke_fp32[model], height=128, width=128, max_sequence_length=32))[0]
         out = pipelines.denoiser(half)(
             **pipelines.denoiser_inputs(half, height=128, width=128, max_sequence_length=32))[0]
-    assert (out.float() - ref).abs().max() < 0.05 * ref.abs().max()
+    # bf16 keeps 8 significand bits (unit roundoff u = 2^-8); the weights, the activations and every op's output
+    # are rounded once each, so a few tens of roundings accumulate: 25u in relative L2, the bound notebook 01
+    # uses for 16-bit formats (the old max-norm < 0.05 x max|ref| had no stated basis)
+    drift = float((out.float() - ref).norm() / ref.norm())
+    assert 0 < drift < 25 * 2**-8, drift
 
 
 def test_denoiser_config_overrides_depth_only_for_random_weights(tmp_path):
