@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,3 +238,106 @@ def uncompile(module: torch.nn.Module) -> torch.nn.Module:
     for m in module.modules():
         m._compiled_call_impl = None
     return module
+
+
+# --- One compile of a denoiser, measured (notebook 03): first call, parity, the pipeline's first call, steady ---
+
+# The four calls timed in turn, round by round: eager and compiled, one denoiser step and one whole image.
+STEADY_CALLS: tuple[str, ...] = ("eager step", "compiled step", "eager pipeline", "compiled pipeline")
+
+
+def run_as(name: str) -> None:
+    """Before a timed call named 'eager ...': run compiled modules eagerly (their compiled code kept, nothing
+    compiles); before any other: run them compiled. torch.compiler.set_stance, public since torch 2.6."""
+    torch.compiler.set_stance("force_eager" if name.startswith("eager") else "default")
+
+
+@dataclass
+class CompiledRun:
+    """One compile of a denoiser, measured: the cold first call (seconds, what dynamo and inductor did), its output
+    against eager, the pipeline's own first call after it, and the eager and compiled steady calls timed in turn
+    (STEADY_CALLS -> measure.Timing) with what compiled while they ran."""
+
+    mode: str
+    emulate_precision_casts: bool
+    compile_s: float
+    first: CompileCounts
+    rel_error: float
+    finite: bool
+    pipe_first: CompileCounts
+    later: CompileCounts
+    timed: dict[str, Any]
+
+    def speedup(self, what: str) -> float:
+        """Eager median over compiled median of 'step' or 'pipeline', both from the same rounds."""
+        return self.timed[f"eager {what}"].median_s / self.timed[f"compiled {what}"].median_s
+
+    def step_share(self, steps: int) -> float:
+        """The eager pipeline's share spent in its `steps` denoiser steps (eager step x steps, at most 1)."""
+        return min(1.0, steps * self.timed["eager step"].median_s / self.timed["eager pipeline"].median_s)
+
+    def amdahl(self, steps: int) -> float:
+        """Amdahl's law: the pipeline speedup expected when only the steps' share gets the step's speedup."""
+        p = self.step_share(steps)
+        return 1 / ((1 - p) + p / self.speedup("step"))
+
+    def payback_images(self) -> float:
+        """Images after which the compile has paid for itself: (first call - one compiled step) over the time a
+        compiled image saves; inf when it saves none."""
+        saved = self.timed["eager pipeline"].median_s - self.timed["compiled pipeline"].median_s
+        cost = self.compile_s - self.timed["compiled step"].median_s
+        return cost / saved if saved > 0 else float("inf")
+
+    def record(self, rows: Any, label: str, *, tolerance: float, flops: int, peak_tflops: float) -> None:
+        """Write the rows 'denoiser step compiled (<label>)' and 'pipeline compiled (<label>)' (a ResultWriter)."""
+        from helpers import measure
+
+        step, eager_step = self.timed["compiled step"], self.timed["eager step"]
+        whole, eager_whole = self.timed["compiled pipeline"], self.timed["eager pipeline"]
+        f = self.first
+        rows.record(f"denoiser step compiled ({label})", timing=step, compile_s=self.compile_s,
+                    recompiles=self.later.graphs, graph_breaks=f.graph_breaks, mode=self.mode,
+                    graphs_first_call=f.graphs, cache_hits_first_call=f.cache_hits,
+                    cache_misses_first_call=f.cache_misses, cudagraph_skips_first_call=f.cudagraph_skips,
+                    rel_error=self.rel_error, finite=self.finite, tolerance=tolerance,
+                    emulate_precision_casts=self.emulate_precision_casts, eager_samples_s=eager_step.samples_s,
+                    eager_latency_median_s=eager_step.median_s, speedup=self.speedup("step"),
+                    flops_per_step=flops,
+                    fraction_of_peak=measure.fraction_of_peak(flops, step.median_s, peak_tflops))
+        rows.record(f"pipeline compiled ({label})", timing=whole, compile_s=self.compile_s,
+                    recompiles=self.later.graphs, mode=self.mode, graphs_first_call=self.pipe_first.graphs,
+                    emulate_precision_casts=self.emulate_precision_casts, eager_samples_s=eager_whole.samples_s,
+                    eager_latency_median_s=eager_whole.median_s, speedup=self.speedup("pipeline"))
+
+    def summary(self) -> dict[str, Any]:
+        """One row of a table of compiles: first call, step and pipeline against eager, parity, recompiles."""
+        return {"first call incl. compile (s)": self.compile_s,
+                "eager step (ms)": self.timed["eager step"].median_s * 1e3,
+                "compiled step (ms)": self.timed["compiled step"].median_s * 1e3,
+                "step speedup (x)": self.speedup("step"), "pipeline speedup (x)": self.speedup("pipeline"),
+                "rel. L2 error vs eager": f"{self.rel_error:.2e}",
+                "recompiles after the first call (count)": self.later.graphs}
+
+
+def measure_compile(step_call: Callable[[], Any], pipe_call: Callable[[], Any], eager_out: torch.Tensor,
+                    device: torch.device, *, mode: str, repeats: int, warmup: int) -> CompiledRun:
+    """Measure a denoiser the notebook has just compiled (not called yet), as notebook 03's section 2 does in view:
+    the first step call against an empty compile cache (cold), its output against eager_out, the pipeline's own
+    first call, then eager and compiled steps and pipelines timed in turn under error_on_recompile. Records
+    whether inductor emulated eager's roundings (torch._inductor.config.emulate_precision_casts) as it compiled."""
+    from helpers import measure
+
+    emulate = bool(torch._inductor.config.emulate_precision_casts)
+    with fresh_cache(), counting() as first:
+        compile_s, out = measure.first_call_seconds(step_call, device)
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    error, finite = relative_error(out, eager_out), bool(torch.isfinite(out).all())
+    with counting() as pipe_first:
+        pipe_call()
+    calls = dict(zip(STEADY_CALLS, (step_call, step_call, pipe_call, pipe_call)))
+    try:
+        with counting() as later, error_on_recompile():
+            timed = measure.time_interleaved(calls, device, repeats=repeats, warmup=warmup, setup=run_as)
+    finally:
+        torch.compiler.set_stance("default")
+    return CompiledRun(mode, emulate, compile_s, first, error, finite, pipe_first, later, timed)

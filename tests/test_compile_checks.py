@@ -126,7 +126,7 @@ def test_steady_compare_medians_and_speedups():
 
 
 def test_precision_cast_emulation_changes_no_fp32_kernel():
-    """Why 03 compiles the no-emulation variant only in bf16/fp16: in fp32 the same kernels are built (no new file)."""
+    """Why 03 skips the emulated compile in fp32: in fp32 the same kernels are built (no new file)."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     def model() -> torch.nn.Module:

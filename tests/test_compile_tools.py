@@ -169,3 +169,76 @@ def test_fresh_cache_makes_the_first_compile_cold_and_counts_cache_lookups():
             torch.compile(Tiny(), dynamic=False)(x)
     assert cold.cache_misses >= 1 and cold.cache_hits == 0, cold
     assert warm.cache_hits >= 1, warm
+
+
+class _Rows:
+    """A stand-in for a ResultWriter: keeps what record() was given."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict] = {}
+
+    def record(self, scenario: str, **fields) -> None:
+        self.rows[scenario] = fields
+
+
+def test_measure_compile_counts_the_first_call_the_pipeline_and_later_calls_and_restores_the_stance():
+    compile_tools.reset()
+    m, x = Tiny(), torch.randn(2, 4)
+    eager_out = m(x).detach().clone()
+    m.compile(fullgraph=True, backend="eager")
+
+    def pipeline():  # a "pipeline": the compiled module called several times with the same shapes
+        return [m(x) for _ in range(3)]
+
+    r = compile_tools.measure_compile(lambda: m(x), pipeline, eager_out, torch.device("cpu"), mode="default",
+                                      repeats=2, warmup=1)
+    assert r.first.graphs == 1 and r.pipe_first.graphs == 0 and r.later.graphs == 0
+    assert r.rel_error == 0 and r.finite and r.mode == "default" and r.emulate_precision_casts is False
+    assert set(r.timed) == set(compile_tools.STEADY_CALLS) and all(len(t.samples_s) == 2 for t in r.timed.values())
+    assert torch._dynamo.eval_frame._stance.stance == "default", "the stance is put back after timing"
+    with compile_tools.precision_casts(True):  # the helper records the emulation it compiled under
+        compile_tools.reset()
+        compile_tools.uncompile(m).compile(fullgraph=True, backend="eager")
+        assert compile_tools.measure_compile(lambda: m(x), pipeline, eager_out, torch.device("cpu"), mode="default",
+                                             repeats=1, warmup=0).emulate_precision_casts is True
+
+
+def test_force_eager_stance_runs_the_compiled_module_eagerly_without_compiling():
+    compile_tools.reset()
+    m, x = Tiny(), torch.randn(2, 4)
+    m.compile(backend="eager")
+    with compile_tools.counting() as c:
+        compile_tools.run_as("eager step")
+        m(x)
+        compile_tools.run_as("compiled step")
+        m(x)
+    torch.compiler.set_stance("default")
+    assert c.graphs == 1, "force_eager skipped dynamo; the compiled call compiled once"
+
+
+def test_compiled_run_speedups_amdahl_payback_and_rows():
+    from helpers.measure import Timing
+
+    def t(*s: float) -> Timing:
+        return Timing(samples_s=list(s), warmup=0, method="perf_counter")
+
+    counts = compile_tools.CompileCounts(graphs=1, cache_misses=2)
+    timed = {"eager step": t(0.2), "compiled step": t(0.1), "eager pipeline": t(1.0), "compiled pipeline": t(0.6)}
+    r = compile_tools.CompiledRun("default", False, 10.1, counts, 1e-3, True, compile_tools.CompileCounts(),
+                                  compile_tools.CompileCounts(), timed)
+    assert r.speedup("step") == pytest.approx(2.0) and r.speedup("pipeline") == pytest.approx(1 / 0.6)
+    assert r.step_share(4) == pytest.approx(0.8) and r.step_share(10) == 1.0
+    assert r.amdahl(4) == pytest.approx(1 / (0.2 + 0.8 / 2))
+    assert r.payback_images() == pytest.approx((10.1 - 0.1) / 0.4)
+    slower = compile_tools.CompiledRun("default", False, 10.0, counts, 0.0, True, counts, counts,
+                                       timed | {"compiled pipeline": t(2.0)})
+    assert slower.payback_images() == float("inf")
+    rows = _Rows()
+    r.record(rows, "default, no precision-cast emulation", tolerance=3e-2, flops=10**9, peak_tflops=1.0)
+    step = rows.rows["denoiser step compiled (default, no precision-cast emulation)"]
+    whole = rows.rows["pipeline compiled (default, no precision-cast emulation)"]
+    assert step["timing"] is timed["compiled step"] and step["speedup"] == pytest.approx(2.0)
+    assert step["eager_samples_s"] == [0.2] and step["fraction_of_peak"] == pytest.approx(1e9 / 0.1 / 1e12)
+    assert step["cache_misses_first_call"] == 2 and step["emulate_precision_casts"] is False
+    assert whole["speedup"] == pytest.approx(1 / 0.6) and whole["eager_latency_median_s"] == 1.0
+    assert r.summary()["rel. L2 error vs eager"] == "1.00e-03"
