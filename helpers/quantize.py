@@ -334,3 +334,120 @@ def compile_drift_problem(compiled_vs_eager: float | None, nf4_drift: float) -> 
         return (f"compiled NF4 differs from eager NF4 by {compiled_vs_eager:.4g}, not below {bound:.4g} "
                 f"({COMPILE_DRIFT_SHARE:g} x NF4's drift {nf4_drift:.4g} from the reference)")
     return ""
+
+
+# --- Notebook 09's CPU path, per-component summary, and compiled-call measurement (one call each) ---
+
+def _local_folder(source: str | Path, subfolder: str) -> Path:
+    """A local folder holding source's subfolder: source itself when it is a folder, else a hub snapshot of it."""
+    if Path(source).is_dir():
+        return Path(source)
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(source), allow_patterns=[f"{subfolder}/*", "model_index.json"]))
+
+
+def nf4_pipeline_on_cpu(pipeline_class: Any, source: str | Path, quant_config: Any, device: str | torch.device,
+                        dtype: torch.dtype, refused: BaseException) -> tuple[Any, dict[str, str]]:
+    """What pipeline_class.from_pretrained(source, quantization_config=quant_config, dtype=dtype) loads, where
+    diffusers' bitsandbytes quantizer refuses (no GPU: `refused`); return the pipeline and, per quantized
+    component, how it was loaded.
+
+    Each component in quant_config.components_to_quantize gets the config the pipeline call would resolve for it:
+    a transformers model through its own from_pretrained (transformers' quantizer accepts bitsandbytes' CPU
+    backend), a diffusers model through quantizer_steps. Then bitsandbytes' CPU kernels are kept off their two
+    AVX512 faults (generic_cpu_path_for_narrow_layers, decode_by_format); the paths say how many layers each
+    touched. Nothing here runs a forward, so weight_error can still read the weights."""
+    import importlib
+
+    device = torch.device(device)
+    index = pipeline_class.load_config(str(source))
+    loaded, paths = {}, {}
+    for name in quant_config.components_to_quantize:
+        library, class_name = index[name]
+        cls = getattr(importlib.import_module(library), class_name)
+        config = quant_config._resolve_quant_config(is_diffusers=library == "diffusers", module_name=name)
+        if library == "transformers":
+            model = cls.from_pretrained(source, subfolder=name, quantization_config=config, dtype=dtype,
+                                        device_map={"": str(device)})
+            path = f"transformers {class_name}.from_pretrained(quantization_config=BitsAndBytesConfig(nf4))"
+        else:
+            model = quantizer_steps(cls, _local_folder(source, name) / name, config, device, dtype)
+            reason = f"{type(refused).__name__}: {str(refused).strip().splitlines()[0]}"
+            path = (f"diffusers BnB4BitDiffusersQuantizer steps (preprocess_model -> create_quantized_param -> "
+                    f"postprocess_model); from_pretrained refused with {reason!r}")
+        if device.type == "cpu":
+            narrow = generic_cpu_path_for_narrow_layers(model)
+            path += f"; {narrow} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
+            routed = decode_by_format(model)
+            path += f"; {len(routed)} NF4 layers decoded by the format (CPU kernel misdecodes them)" if routed else ""
+        loaded[name], paths[name] = model, path
+    pipe = pipeline_class.from_pretrained(source, dtype=dtype, **loaded).to(device)
+    return pipe, paths
+
+
+def component_summary(model: torch.nn.Module, reference: torch.nn.Module) -> dict[str, Any]:
+    """What NF4 made of one component, against the reference model it was loaded from: layers, bytes (linear
+    weights and whole component), and the weights' quantization error beside the error the format gives them.
+
+    Call it before the model's first forward (weight_error: bitsandbytes' AVX512-BF16 CPU path repacks)."""
+    b = linear4bit_bytes(model)
+    whole_ref, whole_nf4 = footprint_bytes(reference), footprint_bytes(model)
+    return {"linear4bit_layers": b["layers"], "linear_layers_kept": unquantized_linear_names(model),
+            "nf4_linear_bytes": b["nf4_bytes"], "nf4_packed_bytes": b["packed_bytes"],
+            "nf4_scale_bytes": b["scale_bytes"], "bf16_linear_bytes": b["bf16_bytes"],
+            "reference_linear_bytes": linear_weight_bytes(reference, linear4bit_names(model)),
+            "reference_itemsize": reference.dtype.itemsize,
+            "linear_bytes_ratio": b["nf4_bytes"] / b["bf16_bytes"],
+            "weight_error": weight_error(model, reference),
+            "weight_error_format": nf4_format_error(reference_linear_weights(model, reference)),
+            "footprint_reference_bytes": whole_ref["total_bytes"], "footprint_nf4_bytes": whole_nf4["total_bytes"],
+            "footprint_nf4_parts": whole_nf4, "get_memory_footprint_nf4_bytes": model.get_memory_footprint()}
+
+
+@torch.no_grad()
+def format_mismatch(model: torch.nn.Module, seed: int = 0) -> float:
+    """The largest relative L2 distance, over the model's 4-bit layers, between what a layer computes on a random
+    input and the same matmul with the weights the format decodes (nf4_dequantize) in fp32: a bf16 rounding where
+    the kernel is right, the size of the weights themselves where it misdecodes (or a routing is missing).
+
+    Each layer is decoded before its own forward (its first forward may repack the weights on an AVX512 CPU)."""
+    import bitsandbytes as bnb
+
+    gen = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    for layer in model.modules():
+        if not isinstance(layer, bnb.nn.Linear4bit):
+            continue
+        w = layer.weight
+        x = torch.randn(2, layer.in_features, generator=gen).to(w.device)
+        bias = None if layer.bias is None else layer.bias.float()
+        expected = torch.nn.functional.linear(x, nf4_dequantize(w).to(w.device), bias)
+        got = layer(x.to(layer.compute_dtype or torch.float32))
+        worst = max(worst, relative_l2(expected, got))
+    return worst
+
+
+def time_compiled(call: Any, latents_call: Any, device: torch.device, *, repeats: int, warmup: int) -> dict[str, Any]:
+    """Measure a pipeline call whose denoiser was just compiled (lazily: the first call compiles): the first call's
+    seconds and graphs, the warm calls' timing and peak memory, graph breaks, recompiles after warm-up, the final
+    latents, and the capture_dynamic_output_shape_ops value each compile saw. An exception becomes
+    {"status": "failed", "reason": ...}: compiling bitsandbytes layers may be unsupported somewhere."""
+    from helpers import compile_tools, measure
+
+    compile_tools.reset()
+    try:
+        with dynamo_config_at_compile("capture_dynamic_output_shape_ops") as seen:
+            with compile_tools.counting() as first:
+                compile_s, _ = measure.first_call_seconds(call, device)
+            with compile_tools.counting() as steady:
+                timing = measure.time_callable(call, device, repeats=repeats, warmup=warmup)
+                memory, _ = measure.peak_memory(call, device)
+                latents = latents_call()
+    except Exception as err:  # noqa: BLE001 - recorded as a failed row, the Checks cell says what must hold
+        text = str(err).strip()
+        return {"status": "failed", "reason": f"{type(err).__name__}: {text.splitlines()[0][:300] if text else ''}"}
+    return {"status": "ok", "timing": timing, "memory": memory, "compile_s": compile_s, "graphs": first.graphs,
+            "graph_breaks": first.graph_breaks + steady.graph_breaks, "recompiles": steady.recompiles,
+            "latents": latents, "compiles_traced": len(seen),
+            "dynamic_shapes_at_compile": config_held(seen, "capture_dynamic_output_shape_ops", True)}
