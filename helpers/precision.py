@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity
+
+from helpers import measure
 
 # The four ways of running the same weights; tf32 keeps fp32 storage and lets matmuls/convs use TF32 tensor cores.
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
@@ -217,3 +222,134 @@ def drift(out: torch.Tensor, ref: torch.Tensor) -> Drift:
         return Drift(math.inf, math.inf, False)
     diff = a - b
     return Drift(float(diff.norm() / b.norm()), float(diff.abs().max()), True)
+
+
+def kept_in_fp32(pipe: Any) -> dict[str, int]:
+    """Floating-point parameters of a 16-bit pipeline still stored in fp32 ('component.name' -> elements).
+
+    from_pretrained(..., dtype=torch.float16) leaves a model's _keep_in_fp32_modules in fp32: transformers' T5
+    lists its feed-forward output layers ('wo'), whose activations overflow fp16. Built from a config in a dtype,
+    or converted with .to(dtype), nothing is kept."""
+    return {f"{name}.{k}": p.numel() for name, module in _modules(pipe).items()
+            for k, p in module.named_parameters() if p.dtype == torch.float32}
+
+
+@dataclass(frozen=True)
+class DenoiserProbe:
+    """One denoiser step: its inputs and output at the run's guidance, and at a guidance every format stores exactly."""
+
+    inputs: dict[str, Any]
+    exact_inputs: dict[str, Any]
+    out: torch.Tensor
+    exact_out: torch.Tensor
+
+
+@torch.inference_mode()
+def probe_denoiser(pipe: Any, run: Any, exact_guidance: float, like: DenoiserProbe | None = None) -> DenoiserProbe:
+    """One denoiser step of pipe on the run's inputs, and on the same inputs at exact_guidance (Flux embeds guidance;
+    SDXL's denoiser takes none, so its two calls are the same). With like (the fp32 probe), the inputs are like's
+    values cast to the dtypes pipe uses, so a format's drift measures its arithmetic, not new random draws."""
+    from helpers import pipelines, workloads  # here: workloads imports params, which imports this module
+
+    inputs = workloads.run_inputs(pipe, run)
+    exact = inputs
+    if run.model == "flux-dev":
+        s = run.settings
+        exact = pipelines.denoiser_inputs(pipe, height=s.height, width=s.width, guidance=exact_guidance,
+                                          max_sequence_length=s.max_sequence_length, seed=run.seed)
+    if like is not None:
+        inputs, exact = same_inputs(like.inputs, inputs), same_inputs(like.exact_inputs, exact)
+    out = workloads.first_output(workloads.denoiser_call(pipe, inputs)())
+    exact_out = workloads.first_output(workloads.denoiser_call(pipe, exact)())
+    return DenoiserProbe(inputs, exact, out, exact_out)
+
+
+@dataclass(frozen=True)
+class FormatMeasurement:
+    """What one format costs on this run: one denoiser step's and the whole pipeline's timings, the pipeline's peak
+    memory and images, the switches that allowed reduced precision, and (on a CPU) the working memory and CPU
+    time by op."""
+
+    step: measure.Timing
+    pipeline: measure.Timing
+    memory: measure.Memory
+    images: Any
+    switches: list[str]
+    allocations: dict[str, int]
+    cpu_seconds: dict[str, float]
+
+
+def cpu_seconds_by_op(fn: Callable[[], Any], top: int = 6) -> dict[str, float]:
+    """Run fn once under the profiler; the top ops by self CPU time in seconds, largest first."""
+    with measure.quiet_profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    totals = sorted(((e.key, e.self_cpu_time_total / 1e6) for e in prof.key_averages()), key=lambda kv: -kv[1])
+    return dict(totals[:top])
+
+
+def measure_format(pipe: Any, run: Any, generate: Callable[[Any], Any], probe: DenoiserProbe) -> FormatMeasurement:
+    """Time one denoiser step (probe's inputs) and the whole pipeline (generate(pipe)), take the pipeline's peak memory
+    and images, and on a CPU profile two more calls: bytes allocated and self CPU time, by op. Under the current
+    TF32 switches, which are recorded; the pipeline's progress bar is switched off for these calls."""
+    from helpers import workloads
+
+    pipe.set_progress_bar_config(disable=True)
+    s = run.settings
+    switches = reduced_precision_switches(tf32_settings())
+    step = measure.time_callable(workloads.denoiser_call(pipe, probe.inputs), run.device, repeats=s.repeats,
+                                 warmup=s.warmup)
+    whole = measure.time_callable(lambda: generate(pipe), run.device, repeats=s.repeats, warmup=s.warmup)
+    memory, images = measure.peak_memory(lambda: generate(pipe), run.device)
+    allocations: dict[str, int] = {}
+    seconds: dict[str, float] = {}
+    if not run.is_cuda:
+        allocations, _ = measure.cpu_allocations_by_op(lambda: generate(pipe))
+        seconds = cpu_seconds_by_op(lambda: generate(pipe))
+    return FormatMeasurement(step, whole, memory, images, switches, allocations, seconds)
+
+
+class FirstOnly(logging.Filter):
+    """Pass the first record that contains text, drop the later ones; records without text pass."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text, self.seen = text, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.text not in record.getMessage():
+            return True
+        passed, self.seen = not self.seen, True
+        return passed
+
+
+KEEP_FP32_NOTICE = "should be kept in float32"
+UPCAST_VAE_WARNING = "`upcast_vae` is deprecated"
+
+
+@contextlib.contextmanager
+def each_notice_once() -> Iterator[None]:
+    """Inside the block, diffusers' notice that a model 'should be kept in float32' and its FutureWarning about
+    upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32 and back at every call (the VAE's
+    force_upcast), and each cast repeats both."""
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    once = FirstOnly(KEEP_FP32_NOTICE)
+    logger.addFilter(once)
+    shown: list[bool] = []
+
+    # warnings' own "once" forgets what it showed whenever a warnings.catch_warnings block (the profiler's, in
+    # helpers.measure) changes the filters, so the repeats are dropped here, where the warning is shown.
+    def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        if UPCAST_VAE_WARNING in str(message):
+            if shown:
+                return
+            shown.append(True)
+        previous(message, category, *args, **kwargs)
+
+    try:
+        with warnings.catch_warnings():
+            previous = warnings.showwarning
+            warnings.showwarning = show
+            warnings.filterwarnings("always", message=f".*{UPCAST_VAE_WARNING}", category=FutureWarning)
+            yield
+    finally:
+        logger.removeFilter(once)

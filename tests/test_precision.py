@@ -1,8 +1,13 @@
-"""helpers.precision's TF32 switches: an fp32 reference runs with every one of them off, and they come back after.
+"""helpers.precision's TF32 switches: an fp32 reference runs with every one of them off, and they come back after;
+and notebook 01's helpers: the modules a load kept in fp32, diffusers' repeated notices shown once, the denoiser probe
+on the reference's inputs, and one format's measurement.
 
 The flags are process-wide and read the same on a CPU as on a GPU, so a CPU checks what a GPU would do."""
 
 import contextlib
+import logging
+import types
+import warnings
 
 import pytest
 import torch
@@ -146,3 +151,97 @@ def test_reduced_precision_switches():
                                                  "cuda.matmul.allow_tf32": "unreadable: mixed APIs"}) == [
         "float32_matmul_precision", "cudnn.allow_tf32", "cudnn.conv.fp32_precision", "mkldnn.matmul.fp32_precision",
         "cuda.matmul.allow_tf32"]
+
+
+# --- notebook 01's recipe and its helpers -------------------------------------------------------------------------
+
+@needs_new_api
+def test_the_recipe_switches_turn_tf32_on_and_put_back_every_switch(defaults):
+    """Notebook 01's visible cell: the torch >= 2.9 switches on, then the two leaves restored; nothing else moves."""
+    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    torch.backends.cudnn.conv.fp32_precision = "tf32"
+    on = precision.reduced_precision_switches(precision.tf32_settings())
+    assert {"cuda.matmul.fp32_precision", "cudnn.conv.fp32_precision"} <= set(on)
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = before
+    assert _state() == defaults
+
+
+def test_kept_in_fp32_lists_the_fp32_parameters_of_a_16_bit_pipeline():
+    half, kept = torch.nn.Linear(3, 2).half(), torch.nn.Linear(2, 2)
+    pipe = types.SimpleNamespace(components={"text_encoder": torch.nn.Sequential(half, kept), "tokenizer": object()})
+    assert precision.kept_in_fp32(pipe) == {"text_encoder.1.weight": 4, "text_encoder.1.bias": 2}
+    kept.half()
+    assert precision.kept_in_fp32(pipe) == {}
+
+
+def test_each_notice_once_passes_the_first_and_drops_the_repeats():
+    logger = logging.getLogger("diffusers.models.modeling_utils")
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())
+    logger.addHandler(handler)
+    shown: list[str] = []
+    notice = "There are modules in AutoencoderKL that should be kept in float32: []."
+    future = "`upcast_vae` is deprecated and will be removed in version 1.0.0."
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
+            with precision.each_notice_once():
+                for _ in range(3):
+                    logger.warning(notice)
+                    logger.warning("another notice")
+                    with warnings.catch_warnings():  # as the profiler's blocks in helpers.measure do
+                        warnings.warn(future, FutureWarning, stacklevel=1)
+            logger.warning(notice)  # the filter is gone after the block
+    finally:
+        logger.removeHandler(handler)
+    assert records.count(notice) == 2 and records.count("another notice") == 3
+    assert shown == [future]
+
+
+def test_first_only_can_fail():
+    """The filter really decides: a second record with the text is dropped, one without passes."""
+    once = precision.FirstOnly("kept in float32")
+    make = lambda msg: logging.LogRecord("x", logging.WARNING, __file__, 1, msg, None, None)  # noqa: E731
+    assert [once.filter(make(m)) for m in ("kept in float32", "kept in float32", "other")] == [True, False, True]
+
+
+@pytest.fixture(scope="module")
+def smoke_flux():
+    """A tiny Flux pipeline with random weights in fp32, and a smoke Run for it."""
+    from diffusers import FluxPipeline
+
+    from helpers import params, pipelines
+    run = params.resolve("01_dtype", PROFILE="smoke", WEIGHTS="random", DTYPE="fp32")
+    pipe = FluxPipeline(**pipelines.random_components("flux-dev", "smoke", dtype=torch.float32, seed=0))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, run
+
+
+def test_probe_denoiser_compares_formats_on_the_reference_inputs(smoke_flux):
+    from diffusers import FluxPipeline
+
+    from helpers import pipelines
+    pipe, run = smoke_flux
+    ref = precision.probe_denoiser(pipe, run, 4.0)
+    assert not torch.equal(ref.out, ref.exact_out), "Flux embeds the guidance: 3.5 and 4.0 give different outputs"
+    again = precision.probe_denoiser(pipe, run, 4.0, like=ref)
+    assert torch.equal(again.out, ref.out) and torch.equal(again.exact_out, ref.exact_out)
+    bf16 = FluxPipeline(**pipelines.random_components("flux-dev", "smoke", dtype=torch.bfloat16, seed=0))
+    probe = precision.probe_denoiser(bf16, run, 4.0, like=ref)
+    assert probe.inputs["hidden_states"].dtype == torch.bfloat16
+    assert torch.equal(probe.inputs["hidden_states"], ref.inputs["hidden_states"].bfloat16()), "same values, rounded"
+    assert 0 < precision.drift(probe.exact_out, ref.exact_out).rel_l2 < 25 * precision.unit_roundoff("bf16")
+
+
+def test_measure_format_times_and_profiles_on_a_cpu(smoke_flux):
+    pipe, run = smoke_flux
+    s = run.settings
+    generate = lambda p: p(prompt="a seven", height=s.height, width=s.width, num_inference_steps=1,  # noqa: E731
+                           output_type="np", max_sequence_length=s.max_sequence_length).images
+    with precision.fp32_reference():
+        m = precision.measure_format(pipe, run, generate, precision.probe_denoiser(pipe, run, 4.0))
+    assert m.step.median_s > 0 and len(m.pipeline.samples_s) == s.repeats and m.memory.peak_bytes > 0
+    assert m.images.shape == (1, s.height, s.width, 3) and m.switches == []
+    assert m.allocations and m.cpu_seconds and all(v > 0 for v in m.cpu_seconds.values())
