@@ -344,24 +344,32 @@ def check_tool_counts(found: BreakReport) -> None:
         raise AssertionError("; ".join(failed))
 
 
-# Recompiles across input shapes (notebook 05): checks on the graphs each resolution compiled.
+# Recompiles across input shapes (notebook 05): the resolutions knob, what the counts say, and published figures.
+
+ALLOWED_RESOLUTIONS = ("None, or a list of at least three different square sizes in px, each a multiple of 16 and "
+                       ">= 32 (one latent token or fewer would be specialised by dynamo), e.g. [128, 96, 64]")
 
 
-def check_shape_recompiles(default: dict[int, int], static_only: dict[int, int]) -> None:
-    """Raise AssertionError unless graphs compiled per resolution (first resolution first) show a static compile
-    recompiling: one graph for the first resolution and at least one for the second with dynamo's defaults, and,
-    with automatic dynamic shapes off (static_only), one graph for every resolution."""
-    first, second = list(default)[:2]
-    if default[first] != 1:
-        raise AssertionError(f"the first call must compile one graph: {default}")
-    if default[second] < 1:
-        raise AssertionError(f"a new resolution must recompile a static compile: {default}")
-    if list(static_only) != list(default) or any(n != 1 for n in static_only.values()):
-        raise AssertionError(f"without automatic dynamic shapes every resolution compiles one graph: {static_only}")
+def check_resolutions(value: Any, profile: str) -> list[int]:
+    """Notebook 05's RESOLUTIONS: None (smoke [128, 96, 64], full [1024, 768, 512]) or at least three different
+    square sizes in px, multiples of 16 and >= 32; raise params.ParameterError naming the allowed values."""
+    from helpers import params
+
+    if value is None:
+        return [128, 96, 64] if profile == "smoke" else [1024, 768, 512]
+    try:
+        if not isinstance(value, (list, tuple)):
+            raise params.ParameterError("not a list")
+        sizes = params.check_positive_ints("RESOLUTIONS", value, multiple_of=16)
+        if len(set(sizes)) < 3 or len(set(sizes)) != len(sizes) or min(sizes) < 32:
+            raise params.ParameterError("too few, repeated or too small sizes")
+    except params.ParameterError:
+        raise params.ParameterError(f"RESOLUTIONS={value!r} is not allowed; use {ALLOWED_RESOLUTIONS}") from None
+    return list(sizes)
 
 
 def describe_shape_recompiles(default: dict[int, int], static_only: dict[int, int]) -> str:
-    """What the counts of check_shape_recompiles say, in words: where the default compile recompiled and why the
+    """What the graphs compiled per resolution say, in words: where the default compile recompiled and why the
     resolutions after that compiled nothing (the recompiled graph is dynamic in the dimensions that changed)."""
     sizes = list(default)
     again = [r for r in sizes[2:] if default[r] > 0]
@@ -379,11 +387,31 @@ def describe_shape_recompiles(default: dict[int, int], static_only: dict[int, in
             f"for {len(static_only)} resolutions, against {sum(default.values())} with the defaults.")
 
 
-def check_compiled_once(graphs: dict[Any, int], first_max: int = 1) -> None:
-    """Raise AssertionError unless the first entry of graphs compiled between 1 and first_max graphs and every
-    later entry compiled none (a dynamic compile serving every shape without recompiling)."""
+def compiled_once(graphs: dict[Any, int], first_max: int = 1) -> bool:
+    """Whether the first entry of graphs compiled between 1 and first_max graphs and every later entry none (a
+    dynamic compile serving every shape without recompiling)."""
     counts = list(graphs.values())
-    if not counts or not 1 <= counts[0] <= first_max:
-        raise AssertionError(f"the first call must compile 1 to {first_max} graphs: {graphs}")
-    if any(n != 0 for n in counts[1:]):
-        raise AssertionError(f"a later shape recompiled: {graphs}")
+    return bool(counts) and 1 <= counts[0] <= first_max and all(n == 0 for n in counts[1:])
+
+
+def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,
+                     metric: str = "compile_latency", source: str = "hands-on-guide", note: str = "",
+                     why_none: str = "") -> str:
+    """One line setting this run's figure beside a published one of data/reference/published-numbers.csv (for
+    notebooks without a comparison id): what, this run's figure and where it ran (on the smoke profile: a tiny
+    model, no comparison), then the published value, model, hardware and source, or (scenario None) 'none' and
+    why_none; then note."""
+    from helpers import report
+
+    status = "tiny model: no comparison" if profile != "full" else "not compared: no like-for-like figure"
+    line = f"{what}: this run ({hardware}, {profile} profile) {measured} ({status}); published: "
+    if scenario is None:
+        line += f"none ({why_none})" if why_none else "none"
+    else:
+        pub = report.published_numbers()
+        hit = pub[(pub["source"] == source) & (pub["scenario"] == scenario) & (pub["metric"] == metric)]
+        if len(hit) != 1:
+            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r}, {scenario!r}, {metric!r}")
+        p = hit.iloc[0]
+        line += f"{p['value']:g} {p['unit']} for {p['model']} on {p['hardware']} ({source}: {scenario})"
+    return line + (f"; {note}" if note else "")

@@ -35,6 +35,25 @@ def test_dynamic_shapes_rows(tmp_path):
     cost = nb.row("dynamic vs static")["extra"]
     assert cost["dynamic_over_static"] == pytest.approx(dyn["latency_median_s"] / stat["latency_median_s"])
     assert cost["regional_over_static"] == pytest.approx(regional["latency_median_s"] / stat["latency_median_s"])
+    # the duck-shaping negative control: 64 tokens at 128 px tie to the 64 input channels, so 96 px recompiles
+    duck = nb.row("dynamic=True with duck shaping")["extra"]
+    assert duck["tied"] and duck["tokens"] == 64 and duck["graphs_by_resolution"]["96"] >= 1, duck
+    # the pipeline at two resolutions on the dynamic compile: no graph compiled, images of the sizes asked for
+    piped = nb.row("pipeline at two resolutions")["extra"]
+    assert piped["graphs"] == 0 and piped["image_sizes"] == [[128, 128], [96, 96]]
+    assert "pipe(prompt='a handwritten digit seven', height=96, width=96): an image of 96x96 px" in nb.text()
+    assert "published: 67.4 s for flux-dev on H100 (hands-on-guide: full compile (cold cache))" in nb.text()
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    assert {"the static step is timed on the one static graph (graphs compiled while timing)",
+            "a new resolution (96px) recompiles the default compile",
+            "with automatic dynamic shapes off, every resolution compiles its own graph",
+            "with duck shaping, a token count equal to a weight's width recompiles the next resolution",
+            "dynamic=True with use_duck_shape=False compiles once for every resolution",
+            "pipe(prompt=...) at two resolutions compiles no graph (error_on_recompile)",
+            "each image has the size asked for",
+            "mark_dynamic compiles one graph, and the other resolutions run under error_on_recompile",
+            "compile_repeated_blocks(dynamic=True): at most two graphs per block class, then none"} <= set(claims)
     assert (nb.figures_dir / "cpu" / "05_dynamic_shapes_static_vs_dynamic.png").stat().st_size > 1000
 
 
@@ -45,6 +64,7 @@ ALLOWED = r"is not allowed; use None, or a list of at least three different squa
     ("RESOLUTIONS", [128, 100, 64], r"RESOLUTIONS=\[128, 100, 64\] " + ALLOWED),
     ("RESOLUTIONS", [128, 96], r"RESOLUTIONS=\[128, 96\] " + ALLOWED),
     ("EMULATE_PRECISION_CASTS", "yes", r"EMULATE_PRECISION_CASTS='yes' is not allowed; choose one of: True, False"),
+    ("PROMPT", "  ", r"PROMPT='  ' is not allowed; use a non-empty string"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=allowed):
