@@ -1,17 +1,21 @@
-"""Report the hooks diffusers' CPU offload modes installed on a pipeline, check them, free pipelines.
+"""Report the hooks diffusers' CPU offload modes installed on a pipeline, check them, measure them, free pipelines.
 
 The offload calls themselves (`pipe.enable_model_cpu_offload()` and the others) are the lesson: notebook 08 makes
-them in a cell of its own."""
+them in a cell of its own and hands them to ModeChecks, which writes one row per step and lists the claims."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from helpers import compile_tools, pipelines, quantize, workloads
+from helpers import compile_tools, measure, pipelines, quantize, workloads
+from helpers.params import Run
+from helpers.results import ResultWriter
 
 MODES: tuple[str, ...] = ("model", "sequential", "group_block", "group_leaf")  # the OFFLOAD_MODES notebook 08 offers
 
@@ -118,14 +122,15 @@ def regional_trace(pipe: Any, inputs: dict[str, Any]) -> tuple[str, compile_tool
     return error, counts
 
 
-def compile_trace(pipe: Any, inputs: dict[str, Any], cache_size_limit: int) -> dict[str, Any]:
+def compile_trace(pipe: Any, inputs: dict[str, Any], recompile_limit: int) -> dict[str, Any]:
     """Compile the whole denoiser with torch.compile (graph breaks allowed) on dynamo's eager backend, under whatever
-    hooks the pipeline carries and with cache_size_limit raised, and run one forward twice (no kernels are built,
+    hooks the pipeline carries and with recompile_limit raised, and run one forward twice (no kernels are built,
     nothing is timed); return what happened, for a row.
 
     Keys: traced (no error), trace_error, graphs_traced and graph_breaks (first forward), recompiles (graphs the
-    second forward added), cache_size_limit_at_compile (the values dynamo saw when it compiled), matches_eager
-    (both outputs equal the uncompiled forward's). The model is uncompiled and dynamo reset afterwards."""
+    second forward added), recompile_limit_at_compile (the values dynamo saw when it compiled), matches_eager
+    (both outputs equal the uncompiled forward's). The model is uncompiled and dynamo reset afterwards.
+    recompile_limit is torch >= 2.7's name for what diffusers' docs still call cache_size_limit (an alias)."""
     net = pipelines.denoiser(pipe)
     call = workloads.denoiser_call(pipe, inputs)
     outs: dict[str, Any] = {}
@@ -133,8 +138,8 @@ def compile_trace(pipe: Any, inputs: dict[str, Any], cache_size_limit: int) -> d
     compile_tools.reset()
     net.compile(backend="eager")
     try:
-        with (torch._dynamo.config.patch(cache_size_limit=cache_size_limit),
-              quantize.dynamo_config_at_compile("cache_size_limit") as seen):
+        with (torch._dynamo.config.patch(recompile_limit=recompile_limit),
+              quantize.dynamo_config_at_compile("recompile_limit") as seen):
             with compile_tools.counting() as first:
                 error = error or error_of(lambda: outs.setdefault("first", workloads.first_output(call())))
             with compile_tools.counting() as second:
@@ -145,7 +150,7 @@ def compile_trace(pipe: Any, inputs: dict[str, Any], cache_size_limit: int) -> d
         compile_tools.reset()
     return {"traced": not error, "trace_error": error, "graphs_traced": first.graphs,
             "graph_breaks": first.graph_breaks, "recompiles": second.graphs,
-            "cache_size_limit_at_compile": sorted({s["cache_size_limit"] for s in seen}),
+            "recompile_limit_at_compile": sorted({s["recompile_limit"] for s in seen}),
             "matches_eager": not error and all(torch.equal(outs[k], outs["eager"]) for k in ("first", "second"))}
 
 
@@ -182,3 +187,285 @@ def free_pipeline(*parts: Any) -> int:
         torch.cuda.empty_cache()
         return torch.cuda.memory_allocated()
     return 0
+
+
+def parity(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None]:
+    """Run the pipeline once; return the error ('' if it ran) and its latents' relative L2 to reference."""
+    out: dict[str, Any] = {}
+    error = error_of(lambda: out.setdefault("latents", workloads.pipeline_call(pipe, run, output_type="latent")().images))
+    return error, (quantize.relative_l2(reference, out["latents"]) if out else None)
+
+
+SCENARIO = {"eager": "eager", "regional": "regional compile", "compile": "compile"}  # variant -> row name suffix
+STAND_IN = "accelerate.cpu_offload(component, execution_device, offload_buffers=...) per component"
+
+
+@dataclass
+class ModeChecks:
+    """Notebook 08's work per offload mode, one call per step, each writing its row: install (the hooks), parity
+    with the no-offload latents, latency and peak memory eager and compiled (GPU; `skipped` rows elsewhere), the
+    fullgraph trace of the repeated blocks and, for group offload, diffusers' whole-model compile trace; then
+    claims() lists what must hold, as (claim, measured, expected, holds)."""
+
+    run: Run
+    rows: ResultWriter
+    reference: torch.Tensor  # the no-offload pipeline's latents
+    inputs: dict[str, Any]  # the denoiser's inputs, for the traces
+    variants: list[str]
+    repeats: int
+    recompile_limit: int
+    default_call_error: str = ""
+    info: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def last(self, scenario: str) -> Any:
+        """This run's last row named scenario, or None."""
+        hit = [r for r in self.rows.rows if r.scenario == scenario]
+        return hit[-1] if hit else None
+
+    def get(self, scenario: str, name: str = "status") -> Any:
+        """A field (or extra field) of the last row named scenario; None without one."""
+        row = self.last(scenario)
+        if row is None:
+            return None
+        return getattr(row, name) if hasattr(row, name) else row.extra.get(name)
+
+    def ok(self, scenario: str, name: str) -> Any:
+        """The field of the last row named scenario when that row is ok, else None."""
+        return self.get(scenario, name) if self.get(scenario) == "ok" else None
+
+    def mode_variants(self, mode: str) -> list[str]:
+        """The variants measured for a mode: 'compile' (diffusers' recipe) only for group offload."""
+        return [v for v in self.variants if v != "compile" or mode.startswith("group")]
+
+    def install(self, pipe: Any, mode: str, enable: Callable[[bool], None], use_stream: bool) -> dict[str, Any]:
+        """Call enable(stream) (the notebook's recipe); a stream refused (no accelerator backend) is retried without.
+        Records '<mode> offload: hooks' and returns what was installed."""
+        stream_error = install_error = ""
+        if mode.startswith("group") and use_stream:
+            stream_error = error_of(lambda: enable(True))
+            install_error = error_of(lambda: enable(False)) if stream_error else ""
+        else:
+            install_error = error_of(lambda: enable(False))
+        info = {"hooks": hook_summary(pipe), "install_error": install_error, "stream_error": stream_error,
+                "stream_requested": mode.startswith("group") and use_stream,
+                "stream": mode.startswith("group") and use_stream and not stream_error,
+                "execution_device": "" if install_error else str(pipe._execution_device)}
+        self.rows.record(f"{mode} offload: hooks", status="failed" if install_error else "ok",
+                         reason=f"enabling {mode} offload raised {install_error}" if install_error else "",
+                         offload_mode=mode, onload_device=str(self.run.device),
+                         execution_device=info["execution_device"], hooks=info["hooks"], use_stream=info["stream"],
+                         stream_error=stream_error, default_call_error=self.default_call_error)
+        self.info[mode] = info
+        return info
+
+    def parity(self, pipe: Any, mode: str, scenario: str = "", **extra: Any) -> tuple[str, float | None]:
+        """Run the offloaded pipeline once against the no-offload latents; record '<mode> offload: parity'."""
+        install_error = self.info.get(mode, {}).get("install_error", "")
+        run_error, drift = (install_error, None) if install_error else parity(pipe, self.run, self.reference)
+        self.rows.record(scenario or f"{mode} offload: parity", status="failed" if run_error else "ok",
+                         reason=f"the offloaded pipeline did not run: {run_error}" if run_error else "",
+                         offload_mode=mode, execution_device=str(pipe._execution_device), run_error=run_error,
+                         drift_vs_no_offload=drift, **extra)
+        return run_error, drift
+
+    def _failure(self, scenario: str, err: BaseException, **extra: Any) -> None:
+        """A setting that raised: a failed (or oom) row with the error, so the remaining settings still run."""
+        why = describe_error(err)
+        self.rows.record(scenario, status="oom" if "out of memory" in why.lower() else "failed", reason=why, **extra)
+        print(f"{scenario}: {why}")
+
+    def measure_compiled(self, pipe: Any, scenario: str, variant: str, compile_denoiser: Callable[[Any, str], None],
+                         **extra: Any) -> None:
+        """Compile the denoiser with the notebook's compile_denoiser(pipe, variant) from the eager model, time the
+        first call, then the warm calls and peak memory; record the row (a failure becomes a row too). The raised
+        recompile_limit is in force around the calls ('compile'), where dynamo compiles lazily."""
+        try:
+            compile_tools.reset()
+            for module in pipelines.denoiser(pipe).modules():  # start from the eager model
+                compile_tools.uncompile(module)
+            compile_denoiser(pipe, variant)
+            fn = workloads.pipeline_call(pipe, self.run)
+            limit = (torch._dynamo.config.patch(recompile_limit=self.recompile_limit) if variant == "compile"
+                     else contextlib.nullcontext())
+            with limit, quantize.dynamo_config_at_compile("recompile_limit") as seen:
+                with compile_tools.counting() as first:
+                    compile_s, _ = measure.first_call_seconds(fn, self.run.device)
+                with compile_tools.counting() as steady:
+                    t = measure.time_callable(fn, self.run.device, repeats=self.repeats, warmup=0)
+                    m, _ = measure.peak_memory(fn, self.run.device)
+        except Exception as err:  # noqa: BLE001 - one failing combination must not hide the rest
+            self._failure(scenario, err, variant=variant, **extra)
+            return
+        self.rows.record(scenario, timing=t, memory=m, compile_s=compile_s, recompiles=steady.recompiles,
+                         graph_breaks=first.graph_breaks + steady.graph_breaks, variant=variant,
+                         graphs_compiled=first.graphs,
+                         recompile_limit_at_compile=sorted({c["recompile_limit"] for c in seen}),
+                         resident_before_call_bytes=m.baseline_bytes, **extra)
+        print(f"{scenario}: first call {compile_s:.1f} s; median {t.median_s:.3f} s; peak {m.peak_gib:.3f} GiB; "
+              f"recompiles after warm-up {steady.recompiles}; graph breaks {first.graph_breaks + steady.graph_breaks}")
+
+    def measure(self, pipe: Any, mode: str, compile_denoiser: Callable[[Any, str], None], not_ready: str = "") -> None:
+        """Latency and peak memory of one offloaded pipeline, eager then compiled: GPU only, else skipped rows."""
+        hooks = self.info.get(mode, {}).get("hooks")
+        for variant in self.mode_variants(mode):
+            scenario = f"{mode} offload {SCENARIO[variant]}"
+            if not self.run.is_cuda:
+                self.rows.record(scenario, status="skipped", reason=no_accelerator_reason(mode), offload_mode=mode,
+                                 variant=variant)
+            elif not_ready:
+                self.rows.record(scenario, status="failed", reason=f"not measured: {not_ready}", offload_mode=mode,
+                                 variant=variant)
+            elif variant != "eager":
+                self.measure_compiled(pipe, scenario, variant, compile_denoiser, offload_mode=mode, hooks=hooks)
+            else:
+                try:
+                    fn = workloads.pipeline_call(pipe, self.run)
+                    t = measure.time_callable(fn, self.run.device, repeats=self.repeats, warmup=1)
+                    m, _ = measure.peak_memory(fn, self.run.device)
+                except Exception as err:  # noqa: BLE001 - recorded; the claims say what must hold
+                    self._failure(scenario, err, offload_mode=mode, variant=variant)
+                    continue
+                self.rows.record(scenario, timing=t, memory=m, offload_mode=mode, variant=variant, hooks=hooks,
+                                 resident_before_call_bytes=m.baseline_bytes)
+                print(f"{scenario}: median {t.median_s:.3f} s; peak {m.peak_gib:.3f} GiB")
+
+    def traces(self, pipe: Any, mode: str, label: str) -> None:
+        """Can compile_repeated_blocks(fullgraph=True) trace the blocks under this mode's hooks (one row, any
+        device), and, for group offload, diffusers' whole-model compile (one more row)? Both on dynamo's eager
+        backend: no kernels are built and nothing is timed, so they say nothing about speed."""
+        if "compile" in self.mode_variants(mode):
+            self.rows.record(f"{mode} offload: compile trace", offload_mode=mode, backend="eager",
+                             **compile_trace(pipe, self.inputs, self.recompile_limit))
+        if "regional" in self.variants:
+            inside = hooks_in_repeated_blocks(pipelines.denoiser(pipe))  # hooks on or inside the compiled blocks
+            error, counts = regional_trace(pipe, self.inputs)
+            self.rows.record(f"{mode} offload: fullgraph trace", offload_mode=mode, traced_pipeline=label,
+                             traced=not error, trace_error=error, graphs_traced=counts.graphs,
+                             graph_breaks=counts.graph_breaks, backend="eager", hooks_in_repeated_blocks=inside)
+
+    def sequential_stand_in(self, load: Callable[[], Any]) -> Any:
+        """CPU only, where diffusers' sequential offload does not run: check the cause (the device 'cpu:0'), then
+        install accelerate's hooks with the device 'cpu' on a fresh pipeline and check its parity; return it."""
+        check = {str(d): execution_device_check(d) for d in ("cpu", "cpu:0")}
+        self.rows.record("sequential offload: cpu:0 check", checks=check,
+                         diffusers_error=self.get("sequential offload: parity", "run_error"))
+        pipe = load()
+        accelerate_sequential_offload(pipe, self.run.device)
+        self.parity(pipe, "sequential", "sequential offload: stand-in parity", stand_in=STAND_IN,
+                    hooks=hook_summary(pipe))
+        return pipe
+
+    def summary(self, mode: str) -> dict[str, Any]:
+        """One line of the per-mode table: hooks, execution device, parity, the fullgraph trace, GPU figures."""
+        hooks = self.get(f"{mode} offload: hooks", "hooks") or {}
+        parity_row = f"{mode} offload: parity"
+        if self.get("sequential offload: stand-in parity") and mode == "sequential":
+            parity_row = "sequential offload: stand-in parity"
+        out = {"offload hooks (count)": sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values()),
+               "execution device": self.get(f"{mode} offload: hooks", "execution_device"),
+               "output checked on": "accelerate stand-in" if "stand-in" in parity_row else "diffusers' call",
+               "latents vs no offload (relative L2)": self.ok(parity_row, "drift_vs_no_offload"),
+               "hooks in repeated blocks (count)": self.get(f"{mode} offload: fullgraph trace",
+                                                            "hooks_in_repeated_blocks"),
+               "blocks trace as one graph": self.get(f"{mode} offload: fullgraph trace", "traced")}
+        for variant in SCENARIO:
+            scenario = f"{mode} offload {SCENARIO[variant]}"
+            out[f"{SCENARIO[variant]} latency (s)"] = self.ok(scenario, "latency_median_s") or self.get(scenario) or "—"
+        return out
+
+    def claims(self, mode: str) -> list[tuple[str, Any, Any, bool]]:
+        """What must hold for one mode, from its rows: (claim, measured, expected, holds), for checks.Checks.add."""
+        out: list[tuple[str, Any, Any, bool]] = []
+        hooks_row, parity_row = f"{mode} offload: hooks", f"{mode} offload: parity"
+        hooks = self.get(hooks_row, "hooks") or {}
+        out.append((f"{mode} offload: enabling it works", self.get(hooks_row, "reason") or "ok", "ok",
+                    self.get(hooks_row) == "ok"))
+        if mode == "model":
+            out.append(("model offload: one CpuOffload hook on each whole component",
+                        {c: h["accelerate_hooks"] for c, h in hooks.items()}, "1 each",
+                        bool(hooks) and all(h["accelerate_hook_types"] == ["CpuOffload"] and h["accelerate_hooks"] == 1
+                                            for h in hooks.values())))
+        if mode == "sequential":
+            out.append(("sequential offload: an AlignDevicesHook on every leaf, weights on meta between calls",
+                        sorted({d for h in hooks.values() for d in h["parameter_devices"]}), ["meta"],
+                        bool(hooks) and all(h["accelerate_hooks"] > 1 and "AlignDevicesHook" in h["accelerate_hook_types"]
+                                            and h["parameter_devices"] == ["meta"] for h in hooks.values())))
+        if mode.startswith("group"):
+            out.append((f"{mode} offload: group hooks on every component",
+                        {c: h["group_offload_hooks"] for c, h in hooks.items()}, "> 0 each",
+                        bool(hooks) and all(h["group_offload_hooks"] > 0 for h in hooks.values())))
+            if self.run.is_cuda and self.info.get(mode, {}).get("stream_requested"):
+                refused = self.get(hooks_row, "stream_error")
+                out.append((f"{mode} offload: the CUDA stream is accepted", refused or "accepted", "accepted",
+                            not refused))
+        if not self.run.is_cuda and mode in ("model", "sequential"):  # diffusers rewrites the device as cpu:0
+            out.append((f"{mode} offload on a CPU: diffusers' execution device is cpu:0",
+                        self.get(hooks_row, "execution_device"), "cpu:0",
+                        self.get(hooks_row, "execution_device") == "cpu:0"))
+        if mode == "sequential" and not self.run.is_cuda:  # the cpu:0 cause (Going deeper), and the stand-in
+            error = self.get(parity_row, "run_error") or ""
+            cause = self.get("sequential offload: cpu:0 check", "checks") or {}
+            out.append(("on a CPU, diffusers' sequential offload fails with the TypeError of the device cpu:0", error,
+                        "TypeError ...", self.get(parity_row) == "failed" and error.startswith("TypeError")))
+            linear = {d: cause.get(d, {}).get("nn.Linear under accelerate.cpu_offload", "") for d in ("cpu", "cpu:0")}
+            out.append(("accelerate's cpu_offload fails with the device 'cpu:0' and runs with 'cpu'", linear,
+                        "TypeError / runs", linear["cpu:0"].startswith("TypeError") and linear["cpu"] == "runs"))
+            parity_row = "sequential offload: stand-in parity"
+        drift = self.get(parity_row, "drift_vs_no_offload")
+        bound = 1e-2 if self.run.is_cuda else 0.0
+        out.append((f"{mode} offload leaves the latents unchanged" + (" (accelerate stand-in)" if "stand-in" in
+                                                                       parity_row else ""),
+                    drift if drift is not None else self.get(parity_row, "reason"), f"<= {bound:g} (relative L2)",
+                    self.get(parity_row) == "ok" and drift is not None and drift <= bound))
+        if "regional" in self.variants:
+            trace = f"{mode} offload: fullgraph trace"
+            inside = self.get(trace, "hooks_in_repeated_blocks")
+            if inside == 0:
+                out.append((f"{mode} offload: no hook in the blocks, so they trace as one graph",
+                            self.get(trace, "trace_error") or f"{self.get(trace, 'graph_breaks')} breaks", "0 breaks",
+                            self.get(trace, "traced") is True and self.get(trace, "graph_breaks") == 0))
+            else:
+                out.append((f"{mode} offload: hooks in the blocks stop a fullgraph trace at torch.compiler.disable",
+                            (self.get(trace, "trace_error") or "traced")[:80], "torch.compiler.disable ...",
+                            self.get(trace, "traced") is False
+                            and "torch.compiler.disable" in (self.get(trace, "trace_error") or "")))
+        if "compile" in self.mode_variants(mode):
+            trace = f"{mode} offload: compile trace"
+            out.append((f"{mode} offload: diffusers' whole-model compile runs, breaks at the hooks, matches eager",
+                        f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
+                        f"matches {self.get(trace, 'matches_eager')}", "> 0 breaks, 0 recompiles, matches True",
+                        self.get(trace, "traced") is True and (self.get(trace, "graph_breaks") or 0) > 0
+                        and self.get(trace, "recompiles") == 0 and self.get(trace, "matches_eager") is True))
+            out.append((f"{mode} offload: dynamo compiled with the raised recompile_limit",
+                        self.get(trace, "recompile_limit_at_compile"), [self.recompile_limit],
+                        self.get(trace, "recompile_limit_at_compile") == [self.recompile_limit]))
+        if self.run.is_cuda:
+            out += self._gpu_claims(mode)
+        return out
+
+    def _gpu_claims(self, mode: str) -> list[tuple[str, Any, Any, bool]]:
+        """On a GPU: each setting measured; a regional compile succeeds exactly when its trace did, without
+        recompiles or graph breaks; the whole-model compile runs with the raised limit; on the full profile the
+        offloaded peak is below no offload's."""
+        out: list[tuple[str, Any, Any, bool]] = []
+        eager, base = f"{mode} offload eager", self.ok("no offload eager", "peak_memory_bytes")
+        if "eager" in self.variants:
+            out.append((f"{eager}: measured", self.get(eager, "reason") or "ok", "ok", self.get(eager) == "ok"))
+            if self.get(eager) == "ok" and base and self.run.profile == "full":
+                out.append((f"{eager}: peaks below no offload", self.get(eager, "peak_memory_bytes"), f"< {base}",
+                            self.get(eager, "peak_memory_bytes") < base))
+        if "regional" in self.variants:
+            compiled, traced = f"{mode} offload regional compile", self.get(f"{mode} offload: fullgraph trace", "traced")
+            out.append((f"{compiled}: runs exactly when its fullgraph trace did", self.get(compiled),
+                        "ok" if traced else "failed", (self.get(compiled) == "ok") == (traced is True)))
+            if self.get(compiled) == "ok":
+                out.append((f"{compiled}: no recompile after warm-up, no graph break",
+                            f"{self.get(compiled, 'recompiles')}, {self.get(compiled, 'graph_breaks')}", "0, 0",
+                            self.get(compiled, "recompiles") == 0 and self.get(compiled, "graph_breaks") == 0))
+        if "compile" in self.mode_variants(mode):
+            whole = f"{mode} offload compile"
+            out.append((f"{whole}: runs with the raised recompile_limit",
+                        self.get(whole, "recompile_limit_at_compile") or self.get(whole, "reason"),
+                        [self.recompile_limit], self.get(whole) == "ok"
+                        and self.get(whole, "recompile_limit_at_compile") == [self.recompile_limit]))
+        return out

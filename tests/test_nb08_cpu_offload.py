@@ -1,6 +1,6 @@
 """Notebook 08 on the smoke profile: offload hooks, parity, the sequential cpu:0 cause and stand-in, the fullgraph
-trace per mode, diffusers' whole-model compile recipe under group offload, skipped GPU measurements with reasons,
-and fail-fast knobs."""
+trace per mode, diffusers' whole-model compile recipe under group offload (raised recompile_limit), skipped GPU
+measurements with reasons, the Checks cell, and fail-fast knobs."""
 
 import math
 
@@ -12,7 +12,7 @@ from tests.nbrun import run_notebook, run_setup
 pytestmark = pytest.mark.notebook
 
 MODES = ("model", "sequential", "group_block", "group_leaf")
-CACHE_SIZE_LIMIT = 1000  # diffusers' docs raise dynamo's cache_size_limit to this when compiling under offloading
+RECOMPILE_LIMIT = 1000  # diffusers' docs raise dynamo's recompile limit (cache_size_limit) to this under offloading
 
 
 def test_offload_rows(tmp_path):
@@ -65,14 +65,14 @@ def test_offload_rows(tmp_path):
         assert trace["extra"]["traced_pipeline"].startswith("stand-in" if mode == "sequential" else "diffusers")
 
         # group offload also gets diffusers' recipe: transformer.compile() (graph breaks allowed at the hooks) with
-        # cache_size_limit raised while dynamo compiles; traced on the eager backend on every profile
+        # recompile_limit raised while dynamo compiles; traced on the eager backend on every profile
         group = mode.startswith("group")
         if group:
             whole = nb.row(f"{mode} offload: compile trace")
             assert whole["status"] == "ok" and whole["extra"]["backend"] == "eager"
             assert whole["extra"]["traced"] is True and whole["extra"]["trace_error"] == ""
             assert whole["graph_breaks"] >= 1 and whole["recompiles"] == 0
-            assert whole["extra"]["cache_size_limit_at_compile"] == [CACHE_SIZE_LIMIT]
+            assert whole["extra"]["recompile_limit_at_compile"] == [RECOMPILE_LIMIT]
             assert whole["extra"]["matches_eager"] is True
         else:
             assert not {f"{mode} offload: compile trace", f"{mode} offload compile"} & set(rows["scenario"])
@@ -101,14 +101,37 @@ def test_offload_rows(tmp_path):
     assert (rows[rows["status"] != "ok"]["reason"].str.len() > 20).all()
     assert set(rows[rows["status"] == "failed"]["scenario"]) == {"sequential offload: parity"}
     assert (nb.figures_dir / "cpu" / "08_cpu_offload_hooks_per_mode.png").stat().st_size > 1000
-    assert "all checks hold on the smoke profile" in nb.text()
-    assert "not measured" in nb.text()
+    assert "not measured" in nb.text() and "tiny model: no comparison" in nb.text()
+
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    expected = {"a freshly loaded pipeline carries no offload hooks",
+                "without an accelerator diffusers refuses the plain call",
+                "model offload: one CpuOffload hook on each whole component",
+                "sequential offload: an AlignDevicesHook on every leaf, weights on meta between calls",
+                "on a CPU, diffusers' sequential offload fails with the TypeError of the device cpu:0",
+                "accelerate's cpu_offload fails with the device 'cpu:0' and runs with 'cpu'",
+                "sequential offload leaves the latents unchanged (accelerate stand-in)",
+                "model offload: no hook in the blocks, so they trace as one graph"}
+    for mode in MODES:
+        expected.add(f"{mode} offload: enabling it works")
+    for mode in ("model", "group_block", "group_leaf"):
+        expected.add(f"{mode} offload leaves the latents unchanged")
+    for mode in ("sequential", "group_block", "group_leaf"):
+        expected.add(f"{mode} offload: hooks in the blocks stop a fullgraph trace at torch.compiler.disable")
+    for mode in ("group_block", "group_leaf"):
+        expected |= {f"{mode} offload: group hooks on every component",
+                     f"{mode} offload: diffusers' whole-model compile runs, breaks at the hooks, matches eager",
+                     f"{mode} offload: dynamo compiled with the raised recompile_limit"}
+    assert expected <= set(claims), expected - set(claims)
 
 
 @pytest.mark.parametrize("knob, value, allowed", [
     ("OFFLOAD_MODES", ["disk"], "'model', 'sequential', 'group_block', 'group_leaf'"),
     ("VARIANTS", ["max-autotune"], "'eager', 'regional', 'compile'"),
     ("OFFLOAD_REPEATS", -1, "must be a positive integer"),
+    ("USE_STREAM", "yes", "True, False"),
+    ("PROMPT", "", "non-empty string"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=f"{knob}.*{allowed}"):

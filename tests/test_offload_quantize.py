@@ -265,8 +265,8 @@ def test_dynamo_config_at_compile_reads_the_setting_when_dynamo_traces():
     compile_tools.reset()
 
 
-def test_compile_trace_under_leaf_offload_needs_the_raised_cache_size_limit(tiny_pipe):
-    """diffusers' recipe for group offload (transformer.compile(), cache_size_limit raised) traces under the hooks;
+def test_compile_trace_under_leaf_offload_needs_the_raised_recompile_limit(tiny_pipe):
+    """diffusers' recipe for group offload (transformer.compile(), recompile_limit raised) traces under the hooks;
     with dynamo's default limit of 8 the code after diffusers' hook runs out of versions and is left uncompiled."""
     from helpers import params, workloads
 
@@ -277,9 +277,9 @@ def test_compile_trace_under_leaf_offload_needs_the_raised_cache_size_limit(tiny
     raised = offload.compile_trace(pipe, inputs, 1000)
     assert raised["traced"] and raised["trace_error"] == "" and raised["matches_eager"] is True
     assert raised["graph_breaks"] >= 1 and raised["recompiles"] == 0
-    assert raised["cache_size_limit_at_compile"] == [1000]
+    assert raised["recompile_limit_at_compile"] == [1000]
     default = offload.compile_trace(pipe, inputs, 8)
-    assert default["cache_size_limit_at_compile"] == [8] and default["matches_eager"] is True
+    assert default["recompile_limit_at_compile"] == [8] and default["matches_eager"] is True
     assert default["graphs_traced"] < raised["graphs_traced"], (default, raised)
     net = pipelines.denoiser(pipe)
     assert all(getattr(m, "_compiled_call_impl", None) is None for m in net.modules()), "model left compiled"
