@@ -1,11 +1,12 @@
-"""Plant realistic graph breaks in the Flux denoiser, find them (explain, counters, TORCH_LOGS) and fix them."""
+"""Find graph breaks (explain, dynamo's counters, the graph_breaks log) and count them by planted kind (notebook
+06); compute an fp32 reference blockwise; and notebook 05's resolution knob, shape-recompile words and published
+figures."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
-import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,71 +14,15 @@ from typing import Any
 
 import torch
 import torch._dynamo
-import torch._dynamo.exc
-from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxTransformer2DModel
 from torch._dynamo.utils import counters
 
-# Where the planted attention processors go: the first double-stream and the first single-stream block.
-DEBUG_PRINT_BLOCK = "transformer_blocks.0.attn.processor"
-DEBUG_ITEM_BLOCK = "single_transformer_blocks.0.attn.processor"
-# Latents beyond this magnitude are clamped by the planted input check (never reached by sane inputs).
-CLAMP_LIMIT = 1e4
+# The four kinds of break notebook 06 plants in the Flux denoiser, each with what the planted code does.
 PLANTED: dict[str, str] = {
     "print in attention processor": "a debug processor prints each attention output's shape",
     ".item() in attention processor": "a stats processor reads the output's std to a Python float",
     "data-dependent branch": "forward clamps the latents only `if hidden_states.abs().amax() > limit`",
     "logger call in forward": "forward logs the latent shape with logging.Logger.info",
 }
-logger = logging.getLogger("helpers.graph_breaks.denoiser")
-
-
-class DebugAttnProcessor(FluxAttnProcessor):
-    """Flux attention plus a debugging side effect (debug): print the output shape, or read its std with .item()."""
-
-    def __init__(self, kind: str, stream: io.StringIO) -> None:
-        """kind is 'print' (to stream) or 'item' (the std, kept in last_std)."""
-        super().__init__()
-        if kind not in ("print", "item"):
-            raise ValueError(f"kind={kind!r}; allowed: 'print', 'item'")
-        self.kind, self.stream = kind, stream
-        self.last_std: float | None = None
-
-    def __call__(self, attn: Any, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """Run the stock Flux attention, then the debugging side effect."""
-        out = super().__call__(attn, hidden_states, *args, **kwargs)
-        self.debug(out[0] if isinstance(out, tuple) else out)
-        return out
-
-    def debug(self, out: torch.Tensor) -> None:
-        """The side effect a user adds while debugging: a print, or a Python float read with .item()."""
-        if self.kind == "print":
-            print("attention output", tuple(out.shape), file=self.stream)
-        else:
-            self.last_std = out.float().std().item()
-
-
-def _broken_forward(self: FluxTransformer2DModel, hidden_states: torch.Tensor, **kwargs: Any) -> Any:
-    """Flux forward behind an input check written with a Python branch on a tensor, and a log call."""
-    if hidden_states.abs().amax() > CLAMP_LIMIT:
-        hidden_states = hidden_states.clamp(-CLAMP_LIMIT, CLAMP_LIMIT)
-    logger.info("denoiser step on latents of shape %s", tuple(hidden_states.shape))
-    return FluxTransformer2DModel.forward(self, hidden_states, **kwargs)
-
-
-def plant_breaks(transformer: FluxTransformer2DModel, stream: io.StringIO) -> None:
-    """Install the four planted graph breaks of PLANTED on the real Flux transformer: the two debug processors on
-    DEBUG_PRINT_BLOCK and DEBUG_ITEM_BLOCK, and the checked forward with its log call."""
-    processors = {name: FluxAttnProcessor() for name in transformer.attn_processors}
-    processors[DEBUG_PRINT_BLOCK] = DebugAttnProcessor("print", stream)
-    processors[DEBUG_ITEM_BLOCK] = DebugAttnProcessor("item", stream)
-    transformer.set_attn_processor(processors)
-    transformer.forward = types.MethodType(_broken_forward, transformer)
-
-
-def restore(transformer: FluxTransformer2DModel) -> None:
-    """Back to the stock processors and the class's own forward."""
-    transformer.set_attn_processor(FluxAttnProcessor())
-    transformer.__dict__.pop("forward", None)
 
 
 @dataclass
@@ -192,25 +137,6 @@ def find_breaks(module: torch.nn.Module, inputs: dict[str, Any]) -> BreakReport:
     return report
 
 
-def fullgraph_attempt(module: torch.nn.Module, inputs: dict[str, Any], backend: str = "inductor",
-                      head_lines: int = 4) -> tuple[bool, str, torch.nn.Module, Any]:
-    """Compile module with fullgraph=True and call it once: (succeeded, error's first lines, compiled, output)."""
-    compiled = torch.compile(module, fullgraph=True, backend=backend)
-    try:
-        with torch.inference_mode():
-            out = compiled(**inputs)
-    except torch._dynamo.exc.TorchDynamoException as err:  # a break raises torch._dynamo.exc.Unsupported
-        lines = [ln for ln in f"{type(err).__name__}: {err}".splitlines() if ln.strip()]
-        return False, "\n".join(lines[:head_lines]), compiled, None
-    return True, "", compiled, out
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |out - ref| / max |ref|, in fp32: a parity measure independent of the output's scale."""
-    out, ref = out.float(), ref.float()
-    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
-
-
 def _blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of a model: the entries of its ModuleList children."""
     return [b for child in module.children() if isinstance(child, torch.nn.ModuleList) for b in child]
@@ -310,38 +236,40 @@ def hints(log_lines: list[str]) -> list[str]:
     return list(seen)
 
 
-def check_fixed(before: dict[str, int], after: dict[str, int], fixed: tuple[str, ...]) -> None:
-    """Raise AssertionError unless each kind in fixed was found before and is gone after, and every other kind
-    found before is still found after (a fix removes its own break, not the others)."""
+def fix_problems(before: dict[str, int], after: dict[str, int], fixed: tuple[str, ...]) -> list[str]:
+    """What is wrong with a fix, by planted kind ([] when nothing): each kind must be found before, each kind in
+    fixed gone after, and every other kind still found after (a fix removes its own break, not the others)."""
+    problems = []
     for kind, n in before.items():
         if n == 0:
-            raise AssertionError(f"{kind}: not found before the fix, so the fix cannot be shown: {before}")
-        if kind in fixed and after.get(kind, 0) != 0:
-            raise AssertionError(f"{kind}: still found after its fix ({after.get(kind)} reasons): {after}")
-        if kind not in fixed and after.get(kind, 0) == 0:
-            raise AssertionError(f"{kind}: gone although nothing fixed it; check the reason markers: {after}")
+            problems.append(f"{kind}: not found before the fix, so the fix cannot be shown")
+        elif kind in fixed and after.get(kind, 0) != 0:
+            problems.append(f"{kind}: still found after its fix ({after.get(kind)} reasons)")
+        elif kind not in fixed and after.get(kind, 0) == 0:
+            problems.append(f"{kind}: gone although nothing fixed it; check the reason markers")
+    return problems
 
 
-def check_tool_counts(found: BreakReport) -> None:
-    """Raise AssertionError unless the planted model's break report shows what notebook 06's note says: explain's
-    breaks are its graphs - 1 with a reason only for graphs ending at a break; the counters count more than the
-    planted lines; the branch is filed under `unimplemented` only; a frame with a break in a loop is given up."""
+def tool_count_claims(found: BreakReport) -> list[tuple[str, Any, str, bool]]:
+    """How explain and the counters count on the planted model, as notebook 06's Going deeper says, as claims
+    (claim, measured, expected, holds): explain's breaks are its graphs - 1 with a reason only for graphs ending at a
+    break; the counters count more than the planted lines; the branch is filed under `unimplemented` only; a frame
+    with a break in a loop is given up."""
     ended = sum(g["ends with"] != "return" for g in found.graphs)
     total = found.counter_graph_breaks + found.counter_unimplemented
-    branch_keys = {e["counter key"] for e in found.counter_entries if e["planted kind"] == "data-dependent branch"}
-    checks = {
-        f"explain's breaks are its graphs - 1: {found.explain_breaks} vs {found.explain_graphs}":
-            found.explain_breaks == found.explain_graphs - 1,
-        f"explain lists a reason only for the {ended} graphs that ended at a break, of {found.explain_graphs}: "
-        f"{len(found.explain_reasons)} reasons": len(found.explain_reasons) == ended < found.explain_graphs,
-        f"the counters count more than the {len(PLANTED)} planted lines: {total}": total > len(PLANTED),
-        f"the branch is filed under unimplemented only: {sorted(branch_keys)}": branch_keys == {"unimplemented"},
-        f"a frame with a break in a loop is given up: {found.frames_given_up}":
-            bool(found.frames_given_up) and any(e["graph break in a loop"] for e in found.counter_entries),
-    }
-    failed = [claim for claim, ok in checks.items() if not ok]
-    if failed:
-        raise AssertionError("; ".join(failed))
+    branch_keys = sorted({e["counter key"] for e in found.counter_entries
+                          if e["planted kind"] == "data-dependent branch"})
+    return [
+        ("explain's 'graph breaks' are its graphs - 1", (found.explain_breaks, found.explain_graphs),
+         "(graphs - 1, graphs)", found.explain_breaks == found.explain_graphs - 1),
+        ("explain lists a reason only for the graphs that ended at a break", len(found.explain_reasons),
+         f"{ended} of {found.explain_graphs} graphs", len(found.explain_reasons) == ended < found.explain_graphs),
+        ("dynamo's counters count more than the planted lines", total, f"> {len(PLANTED)}", total > len(PLANTED)),
+        ("the data-dependent branch is filed under `unimplemented` only", branch_keys, ["unimplemented"],
+         branch_keys == ["unimplemented"]),
+        ("a frame with a break in a loop is given up and run eagerly", found.frames_given_up, "at least one",
+         bool(found.frames_given_up) and any(e["graph break in a loop"] for e in found.counter_entries)),
+    ]
 
 
 # Recompiles across input shapes (notebook 05): the resolutions knob, what the counts say, and published figures.
