@@ -7,7 +7,8 @@ sync debug mode (`torch.cuda.set_sync_debug_mode("warn")`) confirms each sync in
 waits, so the recorder *models* a device: tensors the loop keeps on its device are marked (stand-ins), values
 computed from them are marked too, `.device` of a marked tensor is the stand-in device `cpu:0`, and a copy is a
 `.to()` / `copy_` that moves a value between marked and unmarked. A CPU count is therefore a prediction of what
-a GPU run counts (notebook 07 checks the two agree on CUDA), not a measurement of syncs.
+a GPU run counts (notebook 07 checks the two agree on CUDA), not a measurement of syncs. counted_loop runs a
+schedule and a denoising loop written in the notebook with that bookkeeping around them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import traceback
 import warnings
 import weakref
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -350,79 +351,29 @@ def count_syncs(fn: Callable[[], Any], device: torch.device, *, warmup: bool = T
     return counts, out
 
 
-PLACEMENTS: tuple[str, ...] = ("device", "cpu")
-# Called with (scheduler, device) before the steps: sets the schedule (set_timesteps, set_begin_index, ...).
-Schedule = Callable[[Any, torch.device], None]
+PLACEMENTS: tuple[str, ...] = ("device", "cpu")  # where notebook 07's scheduler keeps its sigmas
 
 
-def check_placement(placement: str) -> str:
-    """placement if it is one of PLACEMENTS, else ValueError naming them."""
-    if placement not in PLACEMENTS:
-        raise ValueError(f"placement={placement!r}; allowed: {PLACEMENTS}")
-    return placement
+def counted_loop(schedule: Callable[[torch.device], None], loop: Callable[[], Any],
+                 on_device: Iterable[torch.Tensor]) -> Callable[[], Any]:
+    """A callable running schedule(device) in the 'setup' phase, then loop() in the 'steps' phase, under
+    torch.inference_mode(), for count_syncs and the timings; device is where the first tensor of on_device lives.
 
-
-def flux_mu(sched: Any, image_seq_len: int) -> float:
-    """The resolution-dependent shift mu FluxPipeline passes to set_timesteps, from the scheduler's config."""
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
-
-    cfg = sched.config
-    return calculate_shift(image_seq_len, cfg.get("base_image_seq_len", 256), cfg.get("max_image_seq_len", 4096),
-                           cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
-
-
-def denoising_loop(pipe: Any, inputs: dict[str, Any], schedule: Schedule,
-                   module: torch.nn.Module | None = None) -> Callable[[], torch.Tensor]:
-    """A callable running FluxPipeline's denoising loop once on a fresh copy of the pipeline's scheduler:
-    schedule(scheduler, device) in the 'setup' phase, then forward + step() per timestep in the 'steps' phase.
-
-    In a modeled count (CPU) everything the pipeline keeps on its device is marked first, and device is the
-    stand-in device, so a copy to it counts as a host-to-device copy."""
-    net = module if module is not None else pipe.transformer
-    sched = type(pipe.scheduler).from_config(pipe.scheduler.config)
-    latents0 = inputs["hidden_states"]
-    fixed = {k: v for k, v in inputs.items() if k not in ("hidden_states", "timestep")}
+    on_device lists what the pipeline keeps on its device (latents, text inputs, weights): in a modeled count (CPU)
+    these are marked first, so device is the stand-in device and a copy to it counts as a host-to-device copy.
+    Outside a count the marks and phases do nothing."""
+    on_device = list(on_device)
+    if not on_device:
+        raise ValueError("on_device must name at least one tensor: the device the schedule is set for")
 
     @torch.inference_mode()
-    def call() -> torch.Tensor:
-        if modeling():  # everything the pipeline keeps on its device
-            stand_in_for_device(latents0, *(v for v in fixed.values() if isinstance(v, torch.Tensor)),
-                                *net.parameters(), *net.buffers())
+    def call() -> Any:
+        if modeling():
+            stand_in_for_device(*on_device)
         with phase("setup"):
-            schedule(sched, latents0.device)  # the stand-in device in a modeled count
-        latents = latents0.clone()  # an inference tensor like every later step's, so guards see one kind
+            schedule(on_device[0].device)  # the stand-in device in a modeled count
         with phase("steps"):
-            for t in sched.timesteps:
-                # as FluxPipeline; t is on the device unless the schedule left the timesteps on the CPU
-                timestep = t.expand(latents.shape[0]).to(latents.device, latents.dtype)
-                noise = net(hidden_states=latents, timestep=timestep / 1000, **fixed)[0]
-                latents = sched.step(noise, t, latents, return_dict=False)[0]
-        return latents
-    return call
-
-
-def euler_step_loop(scheduler_folder: str, schedule: Schedule, device: torch.device,
-                    shape: tuple[int, ...] = (1, 4, 16, 16)) -> Callable[[], torch.Tensor]:
-    """A callable running only EulerDiscreteScheduler (SDXL's scheduler): schedule(scheduler, device) in the
-    'setup' phase, then per timestep scale_model_input + step() on fixed random latents in the 'steps' phase."""
-    from diffusers import EulerDiscreteScheduler
-
-    sched = EulerDiscreteScheduler.from_config(EulerDiscreteScheduler.load_config(scheduler_folder))
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    sample = torch.randn(shape, generator=gen).to(device)
-    model_output = torch.randn(shape, generator=gen).to(device)
-
-    @torch.inference_mode()
-    def call() -> torch.Tensor:
-        stand_in_for_device(sample, model_output)
-        with phase("setup"):
-            schedule(sched, sample.device)  # the stand-in device in a modeled count
-        latents = sample
-        with phase("steps"):
-            for t in sched.timesteps:
-                latents = sched.scale_model_input(latents, t)
-                latents = sched.step(model_output, t, latents, return_dict=False)[0]
-        return latents
+            return loop()
     return call
 
 

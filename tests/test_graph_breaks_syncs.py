@@ -1,7 +1,6 @@
 """Unit tests of helpers.graph_breaks and helpers.syncs on tiny modules (CPU, seconds)."""
 
 import io
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -174,12 +173,19 @@ def test_count_syncs_of_a_read_free_function_is_zero():
     assert counts.host_reads == 0 and counts.reads == [] and counts.copies == []
 
 
-def flux_schedule(steps, image_seq_len, placement, begin_index, host_timesteps=False):
-    """The schedule notebook 07 shows (sigmas on the device or on the CPU, begin index set or not)."""
-    syncs.check_placement(placement)
+def _mu(sched, image_seq_len):
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
-    def schedule(sched, device):
-        sigmas, mu = np.linspace(1.0, 1 / steps, steps), syncs.flux_mu(sched, image_seq_len)
+    c = sched.config
+    return calculate_shift(image_seq_len, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
+
+
+def flux_schedule(sched, steps, image_seq_len, placement, begin_index, host_timesteps=False):
+    """The schedule notebook 07 writes (sigmas on the device or on the CPU, begin index set or not)."""
+    assert placement in syncs.PLACEMENTS
+
+    def schedule(device):
+        sigmas, mu = np.linspace(1.0, 1 / steps, steps), _mu(sched, image_seq_len)
         if placement == "device":
             sched.set_timesteps(sigmas=sigmas, mu=mu, device=device)
         else:
@@ -191,52 +197,54 @@ def flux_schedule(steps, image_seq_len, placement, begin_index, host_timesteps=F
     return schedule
 
 
-def euler_schedule(steps, placement):
-    """The Euler schedule notebook 07 shows."""
-    def schedule(sched, device):
-        sched.set_timesteps(steps, device=device)
-        sched.set_begin_index(0)
-        if placement == "device":
-            sched.sigmas = sched.sigmas.to(device)
-    return schedule
+def flux_loop(net, sched, inputs):
+    """FluxPipeline's denoising loop as notebook 07 writes it."""
+    conditioning = {k: v for k, v in inputs.items() if k not in ("hidden_states", "timestep")}
+
+    def loop():
+        latents = inputs["hidden_states"].clone()
+        for t in sched.timesteps:
+            timestep = t.expand(latents.shape[0]).to(latents.device, latents.dtype)
+            noise = net(hidden_states=latents, timestep=timestep / 1000, **conditioning)[0]
+            latents = sched.step(noise, t, latents, return_dict=False)[0]
+        return latents
+    on_device = [inputs["hidden_states"], *(v for v in conditioning.values() if torch.is_tensor(v)),
+                 *net.parameters(), *net.buffers()]
+    return loop, on_device
 
 
 def test_schedule_matches_flux_pipeline():
     from diffusers import FlowMatchEulerDiscreteScheduler
-    from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+    from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
 
-    with pytest.raises(ValueError, match="placement"):
-        syncs.check_placement("gpu")
     sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)
-    flux_schedule(3, 64, "cpu", True)(sched, torch.device("cpu"))
+    flux_schedule(sched, 3, 64, "cpu", True)(torch.device("cpu"))
     assert sched.begin_index == 0 and len(sched.timesteps) == 3 and sched.sigmas.device.type == "cpu"
     mine = sched.timesteps.clone()
-    flux_schedule(3, 64, "device", False)(sched, torch.device("cpu"))
-    assert sched.begin_index is None and torch.equal(sched.timesteps, mine)
+    flux_schedule(sched, 3, 64, "device", False)(torch.device("cpu"))
+    assert sched.begin_index is None and torch.equal(sched.timesteps, mine)  # set_timesteps resets the index
     ref = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True)  # FluxPipeline's own schedule
-    c = ref.config
-    mu = calculate_shift(64, c.base_image_seq_len, c.max_image_seq_len, c.base_shift, c.max_shift)
-    assert syncs.flux_mu(ref, 64) == mu
-    timesteps, _ = retrieve_timesteps(ref, 3, "cpu", sigmas=np.linspace(1.0, 1 / 3, 3), mu=mu)
+    timesteps, _ = retrieve_timesteps(ref, 3, "cpu", sigmas=np.linspace(1.0, 1 / 3, 3), mu=_mu(ref, 64))
     assert torch.equal(timesteps, mine)
 
 
-def _tiny_pipe():
+def test_counted_loop_needs_a_device_tensor():
+    with pytest.raises(ValueError, match="on_device"):
+        syncs.counted_loop(lambda device: None, lambda: None, [])
+
+
+def test_flux_loop_syncs_by_placement_and_begin_index():
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     model, inputs = _tiny_flux()
     sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=16, max_image_seq_len=64)
-    return SimpleNamespace(transformer=model, scheduler=sched), inputs
-
-
-def test_flux_loop_syncs_by_placement_and_begin_index():
-    pipe, inputs = _tiny_pipe()
     steps, tokens = 3, inputs["hidden_states"].shape[1]
+    loop, on_device = flux_loop(model, sched, inputs)
     got = {}
     for placement in syncs.PLACEMENTS:
         for begin in (False, True):
-            loop = syncs.denoising_loop(pipe, inputs, flux_schedule(steps, tokens, placement, begin))
-            c, out = syncs.count_syncs(loop, torch.device("cpu"))
+            call = syncs.counted_loop(flux_schedule(sched, steps, tokens, placement, begin), loop, on_device)
+            c, out = syncs.count_syncs(call, torch.device("cpu"))
             got[(placement, begin)] = c
             assert out.shape == inputs["hidden_states"].shape
             assert c.syncs_in("setup") == c.blocking_copies == 1, c.by_source()
@@ -244,20 +252,43 @@ def test_flux_loop_syncs_by_placement_and_begin_index():
             assert c.host_reads == c.device_reads  # every read the profiler saw, the recorder placed
     assert got[("device", False)].gpu_syncs == got[("cpu", False)].gpu_syncs == 3
     assert got[("device", True)].gpu_syncs == got[("cpu", True)].gpu_syncs == 1
-    # the mistake to avoid: timesteps on the host, so every step copies its timestep
-    loop = syncs.denoising_loop(pipe, inputs, flux_schedule(steps, tokens, "cpu", True, host_timesteps=True))
-    c, _ = syncs.count_syncs(loop, torch.device("cpu"))
+    # the mistake to avoid: timesteps on the host, so every step copies its timestep (named by the loop's line)
+    call = syncs.counted_loop(flux_schedule(sched, steps, tokens, "cpu", True, host_timesteps=True), loop, on_device)
+    c, _ = syncs.count_syncs(call, torch.device("cpu"))
     assert c.syncs_in("setup") == 0 and c.syncs_in("steps") == c.blocking_copies == steps, c.by_source()
-    assert all(x.direction == "host to device" and "(call)" in x.source for x in c.copies)
+    assert all(x.direction == "host to device" and "(loop)" in x.source for x in c.copies)
+    # outside a count the loop runs as written, on the real device
+    assert syncs.counted_loop(flux_schedule(sched, steps, tokens, "device", True), loop, on_device)().shape == \
+        inputs["hidden_states"].shape
 
 
-def test_euler_step_loop_sigma_reads_by_placement():
+def test_euler_loop_sigma_reads_by_placement():
+    from diffusers import EulerDiscreteScheduler
+
     from helpers import pipelines
 
-    folder = str(pipelines.config_dir("sdxl", "smoke") / "scheduler")
-    cpu, out = syncs.count_syncs(syncs.euler_step_loop(folder, euler_schedule(3, "cpu"), torch.device("cpu")),
-                                 torch.device("cpu"))
-    dev, _ = syncs.count_syncs(syncs.euler_step_loop(folder, euler_schedule(3, "device"), torch.device("cpu")),
+    folder = pipelines.config_dir("sdxl", "smoke") / "scheduler"
+    sched = EulerDiscreteScheduler.from_pretrained(folder)
+    gen = torch.Generator().manual_seed(0)
+    sample, model_output = torch.randn(1, 4, 16, 16, generator=gen), torch.randn(1, 4, 16, 16, generator=gen)
+
+    def schedule(placement):
+        def set_schedule(device):
+            sched.set_timesteps(3, device=device)
+            sched.set_begin_index(0)
+            if placement == "device":
+                sched.sigmas = sched.sigmas.to(device)
+        return set_schedule
+
+    def loop():
+        latents = sample
+        for t in sched.timesteps:
+            latents = sched.scale_model_input(latents, t)
+            latents = sched.step(model_output, t, latents, return_dict=False)[0]
+        return latents
+
+    cpu, out = syncs.count_syncs(syncs.counted_loop(schedule("cpu"), loop, [sample, model_output]), torch.device("cpu"))
+    dev, _ = syncs.count_syncs(syncs.counted_loop(schedule("device"), loop, [sample, model_output]),
                                torch.device("cpu"))
     assert out.shape == (1, 4, 16, 16)
     for c in (cpu, dev):

@@ -52,14 +52,30 @@ def test_scheduler_sync_rows(tmp_path):
         assert row["status"] == "ok" and row["latency_median_s"] > 0 and len(row["latency_samples_s"]) == 3
         assert row["extra"]["syncs_per_loop"] == rows[(p, b)]["syncs_per_loop"]
     assert (nb.figures_dir / "cpu" / "07_scheduler_syncs_syncs_per_loop.png").stat().st_size > 1000
+    piped = nb.row("pipeline call under the sync debug mode")
+    assert piped["status"] == "skipped" and piped["extra"]["sync_warnings_by_line"] == {}
+    # the copy of each step's timestep is named by the notebook's own loop, not by a helper
+    assert all("notebook cell" in k and "(denoise)" in k for k in host_t["syncs_by_source"]), host_t
     text = nb.text()
     assert "Nothing to compare" in text and "Empty DataFrame" not in text
     assert "set_begin_index(0) saves 2 syncs per loop" in text
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    assert {"sigmas on device: set_begin_index(0) saves exactly the two reads of index_for_timestep",
+            "Flux, begin_index set: the placement of the sigmas does not change the count",
+            "sigmas on cpu, begin_index unset: one blocking copy in set_timesteps, the two reads of "
+            "index_for_timestep in the steps",
+            "timesteps on the CPU: nothing read or copied up front, one blocking copy per step",
+            "Euler, sigmas on device: two reads of the sigma per step, 4 syncs in the steps",
+            "Euler: fewer syncs with the sigmas on the CPU, in the loop and in the steps",
+            "one compiled graph, reused by every setting without recompiling"} <= set(claims)
+    assert not any("sync debug mode confirms" in c for c in claims), "the debug-mode claim needs CUDA"
 
 
 @pytest.mark.parametrize("knob, value, message", [
     ("PLACEMENTS", ["gpu"], r"PLACEMENTS contains \['gpu'\]; each entry must be one of: 'device', 'cpu'"),
     ("STEPS", 0, r"STEPS=0 must be a positive integer"),
+    ("PROMPT", None, r"PROMPT=None is not allowed; use a non-empty string"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
     with pytest.raises(params.ParameterError, match=message):
