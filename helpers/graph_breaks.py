@@ -320,26 +320,3 @@ def compiled_once(graphs: dict[Any, int], first_max: int = 1) -> bool:
     dynamic compile serving every shape without recompiling)."""
     counts = list(graphs.values())
     return bool(counts) and 1 <= counts[0] <= first_max and all(n == 0 for n in counts[1:])
-
-
-def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,
-                     metric: str = "compile_latency", source: str = "hands-on-guide", note: str = "",
-                     why_none: str = "") -> str:
-    """One line setting this run's figure beside a published one of data/reference/published-numbers.csv (for
-    notebooks without a comparison id): what, this run's figure and where it ran (on the smoke profile: a tiny
-    model, no comparison), then the published value, model, hardware and source, or (scenario None) 'none' and
-    why_none; then note."""
-    from helpers import report
-
-    status = "tiny model: no comparison" if profile != "full" else "not compared: no like-for-like figure"
-    line = f"{what}: this run ({hardware}, {profile} profile) {measured} ({status}); published: "
-    if scenario is None:
-        line += f"none ({why_none})" if why_none else "none"
-    else:
-        pub = report.published_numbers()
-        hit = pub[(pub["source"] == source) & (pub["scenario"] == scenario) & (pub["metric"] == metric)]
-        if len(hit) != 1:
-            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r}, {scenario!r}, {metric!r}")
-        p = hit.iloc[0]
-        line += f"{p['value']:g} {p['unit']} for {p['model']} on {p['hardware']} ({source}: {scenario})"
-    return line + (f"; {note}" if note else "")

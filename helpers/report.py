@@ -177,6 +177,27 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
             f"{_fmt(pval, c.kind, c.measured_field)} for {c.model} on {published_hw} ({c.published_source})")
 
 
+def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,
+                     metric: str = "compile_latency", source: str = "hands-on-guide", note: str = "",
+                     why_none: str = "") -> str:
+    """One line setting this run's figure beside a published one of data/reference/published-numbers.csv (for
+    notebooks without a comparison id): what, this run's figure and where it ran (on the smoke profile: a tiny
+    model, no comparison), then the published value, model, hardware and source, or (scenario None) 'none' and
+    why_none; then note."""
+    status = "tiny model: no comparison" if profile != "full" else "not compared: no like-for-like figure"
+    line = f"{what}: this run ({hardware}, {profile} profile) {measured} ({status}); published: "
+    if scenario is None:
+        line += f"none ({why_none})" if why_none else "none"
+    else:
+        pub = published_numbers()
+        hit = pub[(pub["source"] == source) & (pub["scenario"] == scenario) & (pub["metric"] == metric)]
+        if len(hit) != 1:
+            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r}, {scenario!r}, {metric!r}")
+        p = hit.iloc[0]
+        line += f"{p['value']:g} {p['unit']} for {p['model']} on {p['hardware']} ({source}: {scenario})"
+    return line + (f"; {note}" if note else "")
+
+
 # --- The reproduction report (notebook 11): tables, figures and the README's generated region ---
 
 README_START = "<!-- results:start -->"

@@ -199,16 +199,6 @@ def test_check_resolutions_defaults_by_profile():
     assert graph_breaks.check_resolutions((64, 32, 48), "full") == [64, 32, 48]
 
 
-def test_published_beside_reads_the_published_figure():
-    line = graph_breaks.published_beside("first call", "3.0 s", "cpu", "smoke", "full compile (cold cache)")
-    assert line == ("first call: this run (cpu, smoke profile) 3.0 s (tiny model: no comparison); published: 67.4 s "
-                    "for flux-dev on H100 (hands-on-guide: full compile (cold cache))")
-    full = graph_breaks.published_beside("ratio", "1.1x", "H100", "full", None, why_none="none in the guide", note="n")
-    assert full == "ratio: this run (H100, full profile) 1.1x (not compared: no like-for-like figure); published: none (none in the guide); n"
-    with pytest.raises(KeyError):
-        graph_breaks.published_beside("x", "1 s", "cpu", "smoke", "no such scenario")
-
-
 def test_automatic_dynamic_shapes_is_why_a_third_shape_compiles_nothing():
     from helpers import compile_tools
 

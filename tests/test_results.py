@@ -266,3 +266,15 @@ def test_published_line_sets_this_run_beside_the_published_figure():
     assert "compared in the table below" in report.published_line("eager-latency", 7.0, "h100-80gb-hbm3", "full")
     with pytest.raises(KeyError, match="no-such-id"):
         report.published_line("no-such-id", 1.0, "cpu", "smoke")
+
+
+def test_published_beside_reads_the_published_figure():
+    from helpers import report
+
+    line = report.published_beside("first call", "3.0 s", "cpu", "smoke", "full compile (cold cache)")
+    assert line == ("first call: this run (cpu, smoke profile) 3.0 s (tiny model: no comparison); published: 67.4 s "
+                    "for flux-dev on H100 (hands-on-guide: full compile (cold cache))")
+    full = report.published_beside("ratio", "1.1x", "H100", "full", None, why_none="none in the guide", note="n")
+    assert full == "ratio: this run (H100, full profile) 1.1x (not compared: no like-for-like figure); published: none (none in the guide); n"
+    with pytest.raises(KeyError):
+        report.published_beside("x", "1 s", "cpu", "smoke", "no such scenario")
