@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,14 @@ import torch
 from helpers import compile_tools, measure
 from helpers.results import ResultWriter
 from helpers.workloads import first_output
+
+# Two notices a bf16 or 8-bit stage prints that say nothing about the stage (only these texts are dropped):
+# - diffusers' VAE upsampler asks `is_torch_version` (an lru_cache-wrapped function) for bf16 inputs; dynamo traces
+#   the wrapped function instead of the cache and says so, once per call site;
+# - AOTAutograd's cache asks torchao's Int8Tensor for a stable hash it does not implement, so the cache keys of a
+#   quantized stage are computed another way (the stage compiles and runs the same).
+warnings.filterwarnings("ignore", message=r"Dynamo detected a call to a `functools.lru_cache`-wrapped function")
+warnings.filterwarnings("ignore", message=r"Int8Tensor does not implement _stable_hash_for_caching")
 
 # The levers of notebook 12 in the order they are stacked; int8 and fp8 are alternatives (fp8 replaces int8).
 LEVERS: tuple[str, ...] = ("cudnn-attention", "channels-last", "compile", "inductor-flags", "fused-qkv",
@@ -103,6 +112,26 @@ def quantized_linears(module: torch.nn.Module) -> tuple[int, int]:
     return len(quantized), len(linears)
 
 
+def cuda_graphs_reason(device: torch.device) -> str:
+    """Why a CUDA graph cannot be captured on device ('' on a CUDA GPU)."""
+    return "" if device.type == "cuda" else "CUDA graphs record and replay GPU kernels, so they need a CUDA GPU"
+
+
+def cold_compile(call: Callable[[], Any], device: torch.device, reference: torch.Tensor, *, repeats: int,
+                 warmup: int) -> tuple[dict[str, Any], measure.Timing, compile_tools.CompileCounts, int]:
+    """Compile call's module from an empty inductor cache at its first call, then time its steady step with
+    recompiling an error: (table line with units, steady timing, counts of the first call, graphs compiled later)."""
+    with compile_tools.fresh_cache(), compile_tools.counting() as first:
+        compile_s, out = measure.first_call_seconds(call, device)
+    error = compile_tools.relative_error(first_output(out), reference)
+    with compile_tools.counting() as later, compile_tools.error_on_recompile():
+        timed = measure.time_callable(call, device, repeats=repeats, warmup=warmup)
+    line = {"first call incl. compile (s)": compile_s, "graphs (count)": first.graphs,
+            "graph breaks (count)": first.graph_breaks, "cache hits (count)": first.cache_hits,
+            "rel. L2 vs eager (ratio)": error, "step (ms)": timed.median_s * 1e3}
+    return line, timed, first, later.graphs
+
+
 def skip_reason(lever: str, model: str, device: torch.device) -> str:
     """Why a lever cannot run for this model on this device ('' when it can)."""
     cuda = device.type == "cuda"
@@ -112,9 +141,6 @@ def skip_reason(lever: str, model: str, device: torch.device) -> str:
                     "set_attention_backend does not reach them")
         if not cuda:
             return "SDPA's cuDNN attention backend needs a CUDA GPU"
-    if lever == "channels-last" and model == "flux-dev":
-        return ("Flux's transformer has no convolutions, so its memory format changes nothing there; this ladder's "
-                "recipe converts SDXL's UNet and its VAE, and leaves Flux's VAE as it is (flux-fast converts it)")
     if lever == "fp8":
         if not cuda:
             return "torchao's fp8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability 8.9 or newer"
@@ -175,11 +201,20 @@ class Ladder:
         self.order.append(name)
         self.writer.record(f"stack: {name}", status="skipped", reason=reason, lever=lever)
 
-    def table(self) -> pd.DataFrame:
-        """One line per stage, measured or skipped, in order, with units in the column names."""
+    def table(self, brief: bool = False) -> pd.DataFrame:
+        """One line per stage, measured or skipped, in order, with units in the column names; brief=True keeps the
+        columns a reader needs first (image, step, first image, drift and its band, graphs, breaks, recompiles) and
+        leaves the skipped stages out (the ladder prints why each was skipped)."""
         base = self.stages[0] if self.stages else None
         lines: dict[str, dict[str, Any]] = {}
         for s in self.stages:
+            if brief:
+                lines[s.name] = {"image (s)": s.image.median_s, "step (ms)": s.step.median_s * 1e3,
+                                 "first image incl. compile (s)": s.first_image_s,
+                                 "step drift vs eager (rel. L2)": s.step_drift, "band (rel. L2)": s.tolerance,
+                                 "graphs at first image (count)": s.graphs, "graph breaks (count)": s.graph_breaks,
+                                 "recompiles after (count)": s.recompiles}
+                continue
             lines[s.name] = {
                 "lever": s.lever, "image (s)": s.image.median_s, "image spread max-min (s)": s.image.spread_s,
                 "step (ms)": s.step.median_s * 1e3, "step spread max-min (ms)": s.step.spread_s * 1e3,
@@ -191,5 +226,6 @@ class Ladder:
                 "graphs at first image (count)": s.graphs, "graph breaks (count)": s.graph_breaks,
                 "recompiles after (count)": s.recompiles}
         for name, reason in self.skipped.items():
-            lines[name] = {"lever": f"skipped: {reason}"}
-        return pd.DataFrame({name: lines[name] for name in self.order}).T
+            if not brief:
+                lines[name] = {"lever": f"skipped: {reason}"}
+        return pd.DataFrame({name: lines[name] for name in self.order if name in lines}).T

@@ -79,10 +79,11 @@ def test_skip_reasons_on_a_cpu():
     assert "CUDA" in stack.skip_reason("cudnn-attention", "flux-dev", cpu)
     assert "dispatcher" in stack.skip_reason("cudnn-attention", "sdxl", cpu)
     assert "8.9" in stack.skip_reason("fp8", "flux-dev", cpu)
-    assert "no convolutions" in stack.skip_reason("channels-last", "flux-dev", cpu)
-    for lever in ("channels-last", "compile", "inductor-flags", "fused-qkv", "max-autotune", "vae-compile", "int8"):
-        if (lever, "flux-dev") != ("channels-last", "flux-dev"):
-            assert stack.skip_reason(lever, "sdxl" if lever == "channels-last" else "flux-dev", cpu) == ""
+    for model in ("flux-dev", "sdxl"):  # channels_last acts on the VAE of both (and on SDXL's UNet)
+        for lever in ("channels-last", "compile", "inductor-flags", "fused-qkv", "max-autotune", "vae-compile",
+                      "int8"):
+            assert stack.skip_reason(lever, model, cpu) == ""
+    assert "CUDA GPU" in stack.cuda_graphs_reason(cpu)
 
 
 def test_ladder_measures_drift_from_its_first_stage():
@@ -107,6 +108,10 @@ def test_ladder_measures_drift_from_its_first_stage():
     assert stack.stage_problems(moved, fullgraph=True), "a 1% drift must fail a 1e-4 band"
     ladder.skip("+ y", "y", "not here")
     assert list(ladder.table().index) == ["eager", "+ x", "+ y"]
+    brief = ladder.table(brief=True)
+    assert list(brief.index) == ["eager", "+ x"], "the brief table leaves skipped stages out"
+    assert brief.loc["+ x", "step drift vs eager (rel. L2)"] == pytest.approx(0.01, rel=1e-3)
+    assert brief.loc["+ x", "band (rel. L2)"] == 1e-4
     assert [r[0] for r in rows.rows] == ["stack: eager", "stack: + x", "stack: + y"]
     assert rows.rows[2][1]["status"] == "skipped"
 
@@ -114,3 +119,17 @@ def test_ladder_measures_drift_from_its_first_stage():
 def test_reproduce_tolerance():
     assert stack.reproduce_tolerance(1e-4, stack.INT8_TOLERANCE, quantized=False) == 1e-4
     assert stack.reproduce_tolerance(1e-4, stack.INT8_TOLERANCE, quantized=True) == stack.INT8_TOLERANCE
+
+
+def test_cold_compile_counts_one_compile_and_its_drift():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        ref = net(x)
+        compiled = torch.compile(net, fullgraph=True)
+        line, timed, first, later = stack.cold_compile(lambda: compiled(x), torch.device("cpu"), ref, repeats=2,
+                                                       warmup=1)
+    assert first.graphs >= 1 and first.cache_hits == 0 and later == 0
+    assert line["rel. L2 vs eager (ratio)"] < 1e-5 and len(timed.samples_s) == 2
+    assert line["step (ms)"] == pytest.approx(timed.median_s * 1e3)
