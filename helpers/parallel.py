@@ -193,6 +193,15 @@ def cpu_lse_attention() -> Iterator[str]:
         attention_dispatch._native_attention_forward_op = original
 
 
+@contextlib.contextmanager
+def cpu_shims() -> Iterator[list[str]]:
+    """Both CPU stand-ins at once, for a script run on CPU processes (each a no-op where it is not needed): the device
+    count diffusers divides by, and an attention op that returns the log-sum-exp ring attention merges with. Yields
+    what each did."""
+    with cpu_device_count_shim() as device, cpu_lse_attention() as lse:
+        yield [x for x in (device, lse) if x]
+
+
 # --- counting what the collectives send ---
 
 @dataclass
@@ -344,16 +353,40 @@ def scaling_table(t1_s: float, g: Geometry, strategies: list[str], steps: int = 
 
 # --- launching the worker ---
 
+def torchrun_command(nproc: int, *target: str) -> list[str]:
+    """The command that starts target (a script and its arguments, or -m module ...) once per process:
+    `torchrun --standalone --nproc-per-node nproc ...`, as `python -m torch.distributed.run` of this interpreter."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
+
+
+def torchrun(nproc: int, *target: str, timeout_s: float = 600) -> str:
+    """Run target under torchrun with nproc processes (this project on PYTHONPATH, one thread per process unless
+    OMP_NUM_THREADS says otherwise); its output, or raise with it."""
+    env = os.environ | {"PYTHONPATH": str(paths.ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done = subprocess.run(torchrun_command(nproc, *target), cwd=paths.ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
 def launch(nproc: int, job: dict[str, Any], *, timeout_s: float = 600) -> str:
     """Run helpers.parallel_worker under `torchrun --nproc-per-node nproc` with job; its output, or raise with it."""
     with tempfile.TemporaryDirectory(prefix="nb13-") as tmp:
         job_file = Path(tmp) / "job.pkl"
         job_file.write_bytes(pickle.dumps(job))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "helpers.parallel_worker", str(job_file)]
-        env = os.environ | {"PYTHONPATH": str(paths.ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        done = subprocess.run(cmd, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done.stdout
+        return torchrun(nproc, "-m", "helpers.parallel_worker", str(job_file), timeout_s=timeout_s)
+
+
+def published_split_line(strategy: str, degree: int, split_s: float | None, single_s: float | None, hardware: str,
+                         profile: str) -> str:
+    """One line: this run's split step against its single-process step, beside xDiT's published image times for the
+    same split on H100s (no published figure: the line says so). A CPU or smoke-profile ratio is no comparison."""
+    mine = "—" if not split_s or not single_s else f"{single_s / split_s:.2f}x"
+    status = "tiny model: no comparison" if profile != "full" else "no comparison: one image, not one step"
+    one = published(XDIT_SOURCE, xdit_scenario("", 1))
+    many = published(XDIT_SOURCE, xdit_scenario(strategy, degree))
+    theirs = ("no published figure" if one is None or many is None else
+              f"{one / many:.2f}x ({one:g} s -> {many:g} s per image on {degree}x H100 with torch.compile)")
+    return (f"{strategy}-{degree} speedup over one process: this run ({hardware}, {profile} profile) {mine} "
+            f"({status}); published: {theirs} ({XDIT_SOURCE})")

@@ -1,52 +1,51 @@
 """The torchrun entry point of notebook 13: one denoiser step, single-process and split over the ranks, as rows.
 
-Run as `torchrun --nproc-per-node N -m helpers.parallel_worker JOB` (helpers.parallel.launch does it). Every rank
-builds the same seeded pipeline; rank 0 times the single-process step, then all ranks run each strategy together;
-rank 0 writes the rows through the notebook's result writer (same run id), the other ranks write nothing.
+Run as `torchrun --nproc-per-node N -m helpers.parallel_worker JOB` (helpers.parallel.launch does it), or as
+`... -m helpers.parallel_worker --script SCRIPT ARGS` to run a notebook's script on CPU processes (run_script). Every rank
+builds the same seeded pipeline; rank 0 times the single-process step, then all ranks run each strategy together,
+split by the notebook's own script (its `split_transformer`, the job's "script"); rank 0 writes the rows through the
+notebook's result writer (same run id), the other ranks write nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import pickle
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from diffusers import ContextParallelConfig
-
 from helpers import compile_tools, measure, parallel, pipelines, workloads
 from helpers.results import ResultWriter
 
 
-def split_denoiser(transformer: torch.nn.Module, strategy: str, degree: int) -> None:
-    """The diffusers calls a user makes: Ulysses (all-to-all) or ring (K/V all-gather) over `degree` ranks."""
-    if strategy == "ulysses":
-        config = ContextParallelConfig(ulysses_degree=degree)
-    else:
-        config = ContextParallelConfig(ring_degree=degree)
-        if next(transformer.parameters()).is_cuda:  # ring merges partial results by their log-sum-exp, which
-            transformer.set_attention_backend("_native_cudnn")  # native SDPA does not return (the docs' choice)
-    transformer.enable_parallelism(config=config)
+def step_inputs(pipe: Any, run: Any, text_tokens: int) -> dict[str, Any]:
+    """The first step's denoiser inputs at the run's resolution, with the prompt padded to text_tokens."""
+    s = run.settings
+    return pipelines.denoiser_inputs(pipe, height=s.height, width=s.width, guidance=s.guidance, seed=run.seed,
+                                     max_sequence_length=text_tokens)
+
+
+def geometry_of(pipe: Any, inputs: dict[str, Any], dtype: torch.dtype) -> parallel.Geometry:
+    """The Geometry of a pipeline's denoiser at these inputs."""
+    return parallel.flux_geometry(pipelines.denoiser(pipe).config, image_tokens=inputs["hidden_states"].shape[1],
+                                  text_tokens=inputs["encoder_hidden_states"].shape[1], dtype=dtype)
 
 
 def prepare(run: Any, text_tokens: int, device: torch.device, *, keep_copy: bool = True
             ) -> tuple[Any, dict[str, Any], torch.nn.Module | None, parallel.Geometry]:
     """The seeded pipeline on device, the first step's denoiser inputs, an untouched copy of its denoiser (to split;
     None unless keep_copy) and its Geometry."""
-    s = run.settings
     pipe = pipelines.build_pipeline(run.model, run.profile, weights=run.weights, dtype=run.dtype, device=device,
                                     seed=run.seed)
-    inputs = pipelines.denoiser_inputs(pipe, height=s.height, width=s.width, guidance=s.guidance, seed=run.seed,
-                                       max_sequence_length=text_tokens)
-    net = pipelines.denoiser(pipe)
-    pristine = copy.deepcopy(net) if keep_copy else None
-    geometry = parallel.flux_geometry(net.config, image_tokens=inputs["hidden_states"].shape[1],
-                                      text_tokens=inputs["encoder_hidden_states"].shape[1], dtype=run.dtype)
-    return pipe, inputs, pristine, geometry
+    inputs = step_inputs(pipe, run, text_tokens)
+    pristine = copy.deepcopy(pipelines.denoiser(pipe)) if keep_copy else None
+    return pipe, inputs, pristine, geometry_of(pipe, inputs, run.dtype)
 
 
 def shape_fields(g: parallel.Geometry, world_size: int, backend: str) -> dict[str, Any]:
@@ -63,15 +62,29 @@ def record_single_step(writer: ResultWriter, step: Any, device: torch.device, fi
     writer.record(parallel.SINGLE_SCENARIO, timing=timing, strategy="none", degree=1, **fields)
 
 
+def run_script(script: str, args: list[str]) -> int:
+    """Run a notebook's torchrun script as __main__ on this rank, unchanged, with the CPU stand-ins in place where
+    there is no accelerator (diffusers' context parallelism needs them there; parallel.cpu_shims)."""
+    sys.argv = [script, *args]
+    shims = parallel.cpu_shims() if torch.accelerator.device_count() == 0 else contextlib.nullcontext([])
+    with shims:
+        runpy.run_path(script, run_name="__main__")
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """Run the job pickled at argv[0] on this rank."""
+    """Run the job pickled at argv[0] on this rank; or, as `--script SCRIPT ARGS...`, a script (run_script)."""
+    if argv and argv[0] == "--script":
+        return run_script(argv[1], argv[2:])
     job: dict[str, Any] = pickle.loads(Path(argv[0]).read_bytes())
     run = job["run"]
     dist.init_process_group("nccl" if run.is_cuda else "gloo")
     rank, degree = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank) if run.is_cuda else torch.device("cpu")
+    # LOCAL_RANK: this process's GPU on its own node (the global rank counts every node's processes)
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if run.is_cuda else torch.device("cpu")
     if run.is_cuda:
         torch.cuda.set_device(device)
+    split_transformer = runpy.run_path(job["script"])["split_transformer"]  # the notebook's own recipe
     writer = None
     if rank == 0:
         writer = ResultWriter(run, job["card"])
@@ -88,7 +101,7 @@ def main(argv: list[str]) -> int:
     for strategy in job["strategies"]:
         net = copy.deepcopy(pristine)  # enable_parallelism may be called once per model
         with parallel.cpu_device_count_shim() as device_shim:
-            split_denoiser(net, strategy, degree)
+            split_transformer(net, strategy, degree)
         with parallel.cpu_lse_attention() if strategy == "ring" and not run.is_cuda else contextlib.nullcontext("") as lse_shim:
             step = workloads.denoiser_call(pipe, inputs, module=net)
             with parallel.count_collectives() as count:

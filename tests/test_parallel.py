@@ -143,3 +143,31 @@ def test_the_scaling_model_starts_from_a_flux_step_of_notebook_03(tmp_path):
                                             ("denoiser step compiled (default, no precision-cast emulation)", 0.15))])
     t1, source = parallel.model_step_s(tmp_path, pd.DataFrame())
     assert t1 == 0.15 and source.startswith("measured: notebook 03"), (t1, source)
+
+
+def test_cpu_shims_apply_both_stand_ins_and_undo_them():
+    from diffusers.models import attention_dispatch
+
+    original, real = attention_dispatch._native_attention_forward_op, torch.accelerator.device_count()
+    with parallel.cpu_shims() as what:
+        assert attention_dispatch._native_attention_forward_op is not original
+        assert torch.accelerator.device_count() == max(real, 1)
+    assert any("return_lse" in x for x in what) and any("device_count" in x for x in what) == (real == 0)
+    assert attention_dispatch._native_attention_forward_op is original and torch.accelerator.device_count() == real
+
+
+def test_torchrun_command_and_a_failing_launch(tmp_path):
+    cmd = parallel.torchrun_command(2, "script.py", "{}")
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "script.py", "{}"]
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys; sys.exit(3)\n")
+    with pytest.raises(RuntimeError, match="torchrun exited"):
+        parallel.torchrun(1, str(bad), timeout_s=120)
+
+
+def test_published_split_line():
+    line = parallel.published_split_line("ulysses", 2, 0.02, 0.01, "cpu", "smoke")
+    assert line == ("ulysses-2 speedup over one process: this run (cpu, smoke profile) 0.50x (tiny model: no "
+                    "comparison); published: 1.60x (4.3 s -> 2.68 s per image on 2x H100 with torch.compile) "
+                    f"({parallel.XDIT_SOURCE})")
+    assert "no published figure" in parallel.published_split_line("ring", 8, None, 0.01, "cpu", "smoke")
