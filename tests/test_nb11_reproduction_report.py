@@ -69,16 +69,27 @@ def test_report_on_cpu_rows_only(tmp_path):
     new = readme.read_text()
     start, end = original.index(report.README_START), original.index(report.README_END)
     assert new.startswith(original[:start]) and new.endswith(original[end:]), "text outside the markers changed"
-    assert "not measured" in new and "### cpu" in new
+    # the README's region: no table of unmeasured comparisons, one line counting them, the full report named
+    region = new[new.index(report.README_START):new.index(report.README_END)]
+    n = row["comparisons"]
+    assert "### cpu" in region and f"{n} of {n} comparisons have no measurement here: " in region
+    assert "not measured: smoke profile only" in region and "not measured: no rows" in region  # counted by reason
+    assert "| comparison |" not in region and "report.md" in region and "needs CUDA" not in region
     assert (paths.ROOT / "README.md").read_text() == real_readme, "the test rewrote the real README"
+    claims = nb.checks()
+    assert all(c["holds"] for c in claims.values()) and {
+        "every measured comparison carries a verdict", "every published figure is compared or explained",
+        "every skipped measurement has a reason"} <= set(claims)
+    assert "no comparison has a measurement yet" in nb.text() and "no factor to plot" in nb.text()
 
 
 def test_report_on_gpu_fixture(tmp_path):
     res = tmp_path / "results"
     _gpu_fixture(res)
-    nb = run_notebook(NB, tmp_path, RESULTS_DIR=str(res))
+    readme = _readme_copy(tmp_path)
+    nb = run_notebook(NB, tmp_path, RESULTS_DIR=str(res), UPDATE_README=True, README_PATH=str(readme))
     row = nb.row("report")["extra"]
-    assert row["hardwares"] == ["h100-80gb"] and row["readme_updated"] is False
+    assert row["hardwares"] == ["h100-80gb"] and row["readme_updated"] is True
     v, f = row["verdicts"], row["factors"]
     # 6.9 s vs 6.7 s published, same GPU class: an absolute comparison inside the 15% band.
     assert v["h100-80gb/eager-latency"] == "within ±15%" and f["h100-80gb/eager-latency"] == pytest.approx(6.9 / 6.7, abs=1e-3)
@@ -92,4 +103,33 @@ def test_report_on_gpu_fixture(tmp_path):
     # notebooks without rows stay unmeasured on that GPU too.
     assert any(k.startswith("h100-80gb/") and x == "not measured: no rows" for k, x in v.items())
     assert (nb.figures_dir / "h100-80gb" / f"{NB}_factors.png").stat().st_size > 1000
+    # key latencies are plotted per machine and dtype (the fixture's rows are all bf16)
+    assert (nb.figures_dir / "h100-80gb" / f"{NB}_key_latencies_bf16.png").stat().st_size > 1000
     assert "within ±15%" in (res / "report.md").read_text()
+    # the README lists the measured comparisons only, and counts the rest in one line
+    region = readme.read_text().split(report.README_START)[1].split(report.README_END)[0]
+    listed = [line.split(" | ")[0].lstrip("| ") for line in region.splitlines() if line.startswith("| ")]
+    assert set(f.split("/")[1] for f in row["factors"]) <= set(listed) and "eager-latency" in listed
+    assert "nf4-latency" not in listed and f"{len(row['factors'])} of {row['comparisons']} comparisons" in region
+    assert f"{row['comparisons'] - len(row['factors'])} of {row['comparisons']} comparisons have no measurement" in region
+    assert all(c["holds"] for c in nb.checks().values())
+
+
+def test_brief_summary_lists_measured_comparisons_and_counts_the_rest():
+    """Unit test of report.summary_markdown(brief=True) on planted compare() tables, no notebook run."""
+    table = pd.DataFrame([
+        {"hardware": "h100", "comparison": "a", "measured / published": 1.02, "verdict": "within ±15%"},
+        {"hardware": "h100", "comparison": "b", "measured / published": None, "verdict": "not measured: no rows"},
+        {"hardware": "h100", "comparison": "c", "measured / published": None, "verdict": "not measured: no rows"},
+        {"hardware": "cpu", "comparison": "a", "measured / published": None,
+         "verdict": "not measured: smoke profile only (tiny models)"}])
+    assert report.not_measured_line(table[table["hardware"] == "h100"]) == (
+        "2 of 3 comparisons have no measurement here: 2 not measured: no rows.")
+    assert report.not_measured_line(table[table["comparison"] == "a"].iloc[:1]) == ""
+    text = report.summary_markdown(table, pd.DataFrame(), generated_by="t", brief=True, full_report="r.md")
+    assert "| a | 1.02 | within ±15% |" in text and "| b |" not in text and "`r.md`" in text
+    assert "1 of 1 comparisons have no measurement here: 1 not measured: smoke profile only" in text
+    assert report.READING_GUIDE in text
+    only_cpu = report.summary_markdown(table[table["hardware"] == "cpu"], pd.DataFrame(), generated_by="t",
+                                       brief=True)
+    assert report.READING_GUIDE not in only_cpu and "| comparison |" not in only_cpu
