@@ -1,9 +1,13 @@
-"""Attention implementations for notebook 02: a naive processor, forced SDPA backends, and the attention calls alone."""
+"""Attention implementations for notebook 02: a naive processor, forced SDPA backends, and the attention calls alone.
+
+Notebook 02 writes its own naive attention and processor out in a cell and passes them to the functions here
+(`naive=`, `attend=`); the versions below are the defaults, used by the unit tests."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -12,6 +16,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from helpers import measure, params, precision, report
+
+# diffusers logs "Attention backends are an experimental feature ..." at every set_attention_backend and
+# reset_attention_backend; once per process says it.
+logging.getLogger("diffusers.models.modeling_utils").addFilter(
+    precision.FirstOnly("Attention backends are an experimental feature"))
 
 # "naive" is our explicit softmax(Q K^T / sqrt(d)) V; "sdpa" is torch SDPA choosing its backend (what diffusers
 # does by default); the others are torch SDPA with one backend forced.
@@ -46,7 +57,7 @@ def naive_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 
 @contextlib.contextmanager
-def _sdpa_replaced(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
+def sdpa_replaced(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
     """Inside the block, torch.nn.functional.scaled_dot_product_attention is fn (what diffusers' processors call)."""
     original = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = fn
@@ -54,6 +65,9 @@ def _sdpa_replaced(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
         yield
     finally:
         F.scaled_dot_product_attention = original
+
+
+_sdpa_replaced = sdpa_replaced
 
 
 class NaiveAttnProcessor:
@@ -69,13 +83,14 @@ class NaiveAttnProcessor:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped processor with naive_attention in place of torch SDPA."""
-        with _sdpa_replaced(naive_attention):
+        with sdpa_replaced(naive_attention):
             return self.inner(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def implementation(module: torch.nn.Module, name: str) -> Iterator[None]:
-    """Inside the block module's attention runs with the named implementation (naive processor or one SDPA backend)."""
+def implementation(module: torch.nn.Module, name: str, naive: type = NaiveAttnProcessor) -> Iterator[None]:
+    """Inside the block module's attention runs with the named implementation: for "naive" every attention processor
+    wrapped in naive(processor), for an SDPA backend that backend forced; "sdpa" leaves SDPA to choose."""
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {name!r}; allowed: {IMPLEMENTATIONS}")
     if name == "sdpa":
@@ -86,17 +101,18 @@ def implementation(module: torch.nn.Module, name: str) -> Iterator[None]:
             yield
         return
     original = module.attn_processors
-    module.set_attn_processor({k: NaiveAttnProcessor(p) for k, p in original.items()})
+    module.set_attn_processor({k: naive(p) for k, p in original.items()})
     try:
         yield
     finally:
         module.set_attn_processor(original)
 
 
-def with_implementation(fn: Callable[[], Any], module: torch.nn.Module, name: str) -> Callable[[], Any]:
-    """A callable running fn with module's attention set to the named implementation."""
+def with_implementation(fn: Callable[[], Any], module: torch.nn.Module, name: str,
+                        naive: type = NaiveAttnProcessor) -> Callable[[], Any]:
+    """A callable running fn with module's attention set to the named implementation (naive: the processor class)."""
     def call() -> Any:
-        with implementation(module, name):
+        with implementation(module, name, naive):
             return fn()
     return call
 
@@ -138,19 +154,20 @@ def record_calls(fn: Callable[[], Any]) -> tuple[list[AttentionCall], Any]:
         calls.append(AttentionCall(tuple(query.shape), tuple(key.shape), tuple(value.shape)))
         return original(query, key, value, *args, **kwargs)
 
-    with _sdpa_replaced(recording):
+    with sdpa_replaced(recording):
         out = fn()
     return calls, out
 
 
 def attention_only_call(calls: list[AttentionCall], name: str, device: torch.device, dtype: torch.dtype,
-                        seed: int = 0) -> Callable[[], torch.Tensor]:
-    """A callable making just these attention calls (random inputs made once) with the named implementation."""
+                        seed: int = 0, attend: Callable[..., torch.Tensor] = naive_attention) -> Callable[[], torch.Tensor]:
+    """A callable making just these attention calls (random inputs made once) with the named implementation
+    (attend: the naive attention function)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     shapes = Counter(calls)
     inputs = {c: tuple(torch.randn(s, generator=gen).to(device, dtype) for s in (c.query, c.key, c.value))
               for c in shapes}
-    attend = naive_attention if name == "naive" else F.scaled_dot_product_attention
+    attend = attend if name == "naive" else F.scaled_dot_product_attention
 
     @torch.inference_mode()
     def call() -> torch.Tensor:
@@ -161,3 +178,86 @@ def attention_only_call(calls: list[AttentionCall], name: str, device: torch.dev
                     out = attend(*inputs[c])  # each output is dropped before the next call, as in the model
         return out
     return call
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Notebook 02's sweep settings, resolved from its parameters and the profile."""
+
+    implementations: list[str]
+    resolutions: list[int]
+    batches: list[int]
+    sdpa_dtypes: list[str]
+
+
+DEFAULT_RESOLUTIONS = {"smoke": [128, 256, 512], "full": [512, 768, 1024, 1280]}
+DEFAULT_BATCHES = {"smoke": [1, 2, 4, 8], "full": [1, 4, 16, 32]}
+
+
+def resolve_knobs(profile: str, implementations: list[str] | None, resolutions: list[int] | None,
+                  batches: list[int] | None, sdpa_dtypes: list[str] | None) -> Knobs:
+    """Check notebook 02's knobs (None: the profile's default) and return them resolved; a bad value raises
+    params.ParameterError naming the allowed ones. The reference, sdpa-math, must be among the implementations and
+    comes first."""
+    sweep = [i for i in IMPLEMENTATIONS if i != "sdpa"]
+    impls = params.check_subset("IMPLEMENTATIONS", sweep if implementations is None else implementations, sweep)
+    if REFERENCE not in impls:
+        raise params.ParameterError(f"IMPLEMENTATIONS={impls!r} must include {REFERENCE!r}, the reference")
+    res = params.check_positive_ints("RESOLUTIONS", DEFAULT_RESOLUTIONS[profile] if resolutions is None else resolutions,
+                                     16)
+    sizes = params.check_positive_ints("BATCHES", DEFAULT_BATCHES[profile] if batches is None else batches)
+    formats = params.check_subset("SDPA_DTYPES", ["fp32", "fp16"] if sdpa_dtypes is None else sdpa_dtypes,
+                                  list(params.DTYPES))
+    return Knobs([REFERENCE] + [i for i in impls if i != REFERENCE], sorted(res), sorted(sizes), formats)
+
+
+@dataclass(frozen=True)
+class StepMeasurement:
+    """One denoiser step with one attention implementation, and the same attention calls on their own."""
+
+    timing: measure.Timing
+    memory: measure.Memory
+    out: torch.Tensor
+    replaced_calls: int
+    only_timing: measure.Timing
+    only_memory: measure.Memory
+
+
+def measure_step(step: Callable[[], Any], module: torch.nn.Module, name: str, calls: list[AttentionCall], run: Any,
+                 naive: type = NaiveAttnProcessor,
+                 attend: Callable[..., torch.Tensor] = naive_attention) -> StepMeasurement:
+    """Time step with module's attention set to name and take its peak memory and output, counting the attention
+    calls that did not reach torch's SDPA (all of them for naive, none otherwise); then time and measure the same
+    attention calls (calls, recorded from the step) alone, on random inputs."""
+    fn = with_implementation(step, module, name, naive)
+    s = run.settings
+    timing = measure.time_callable(fn, run.device, repeats=s.repeats, warmup=s.warmup)
+    memory, (reached, out) = measure.peak_memory(lambda: record_calls(fn), run.device)
+    only = attention_only_call(calls, name, run.device, run.dtype, seed=run.seed, attend=attend)
+    only_timing = measure.time_callable(only, run.device, repeats=s.repeats, warmup=s.warmup)
+    only_memory, _ = measure.peak_memory(only, run.device)
+    first = out[0] if isinstance(out, (tuple, list)) else out
+    return StepMeasurement(timing, memory, first, len(calls) - len(reached), only_timing, only_memory)
+
+
+def largest_self_attention(calls: list[AttentionCall]) -> AttentionCall:
+    """The self-attention call (as many keys as queries) with the largest score matrix: Flux's joint attention over
+    text and image tokens, SDXL's first attention level (its cross-attention attends to 77 text tokens instead)."""
+    return max((c for c in calls if c.key[-2] == c.query[-2]), key=lambda c: c.score_elements())
+
+
+def published_figure(source: str, scenario: str, base: str | None = None, metric: str | None = None) -> str:
+    """A published figure from data/reference/published-numbers.csv as one phrase: its value and unit (with base,
+    the speedup base / scenario of the metric, latency by default), the hardware and the source."""
+    pub = report.published_numbers()
+    pub = pub[pub["source"] == source]
+
+    def row(name: str) -> Any:
+        hit = pub[(pub["scenario"] == name) & ((pub["metric"] == metric) if metric else True)]
+        if len(hit) != 1:
+            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r} / {name!r} / {metric!r}")
+        return hit.iloc[0]
+
+    r = row(scenario)
+    value = f"{row(base).value / r.value:.2f}x" if base else f"{r.value:g}{'x' if r.unit == 'x' else ' ' + r.unit}"
+    return f"{value} on an {r.hardware} ({source})"

@@ -1,10 +1,13 @@
-"""Unit tests of helpers.attention: the naive attention is exact, and installing it really replaces SDPA."""
+"""Unit tests of helpers.attention: the naive attention is exact, installing it really replaces SDPA (a processor
+that replaces nothing is caught), notebook 02's knobs are checked, and its published figures are read."""
+
+import functools
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import attention, pipelines, precision, workloads
+from helpers import attention, params, pipelines, precision, workloads
 
 CPU = torch.device("cpu")
 
@@ -47,3 +50,86 @@ def test_naive_processor_is_in_effect_and_matches_sdpa(model):
 def test_unknown_implementation_is_refused():
     with pytest.raises(ValueError, match="allowed"), attention.implementation(torch.nn.Linear(2, 2), "fast"):
         pass
+
+
+class _Bypass:
+    """A planted broken 'naive' processor: it wraps the model's processor and replaces nothing."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.__call__ = functools.wraps(inner.__call__)(functools.partial(type(self).__call__, self))
+
+    def __call__(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def smoke_step():
+    """A tiny Flux (random weights, fp32), its denoiser, one step at 64x64 and that step's attention calls."""
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.float32, device=CPU, seed=0)
+    net = pipelines.denoiser(pipe)
+    step = workloads.denoiser_call(pipe, pipelines.denoiser_inputs(pipe, height=64, width=64, max_sequence_length=32))
+    calls, _ = attention.record_calls(step)
+    run = params.resolve("02_attention_sdpa", PROFILE="smoke", WEIGHTS="random", DTYPE="fp32")
+    return net, step, calls, run
+
+
+def test_measure_step_counts_the_calls_the_naive_processor_took(smoke_step):
+    net, step, calls, run = smoke_step
+    naive = attention.measure_step(step, net, "naive", calls, run)
+    math = attention.measure_step(step, net, "sdpa-math", calls, run)
+    assert naive.replaced_calls == len(calls) > 0 and math.replaced_calls == 0
+    assert precision.drift(naive.out, math.out).rel_l2 < 1e-5
+    assert naive.timing.median_s > 0 and naive.only_timing.median_s > 0
+    # a processor that replaces nothing is caught: no call was taken from SDPA
+    assert attention.measure_step(step, net, "naive", calls, run, naive=_Bypass).replaced_calls == 0
+
+
+def test_a_processor_class_and_attention_function_of_ones_own_are_used(smoke_step):
+    net, step, calls, run = smoke_step
+    seen = []
+
+    def counting(query, key, value, *args, **kwargs):  # diffusers passes them by name
+        seen.append(query.shape)
+        return attention.naive_attention(query, key, value, *args, **kwargs)
+
+    class Counting(attention.NaiveAttnProcessor):
+        def __call__(self, *args, **kwargs):
+            with attention.sdpa_replaced(counting):
+                return self.inner(*args, **kwargs)
+
+    m = attention.measure_step(step, net, "naive", calls, run, naive=Counting, attend=counting)
+    assert m.replaced_calls == len(calls)
+    # every call of the timed and measured steps, then the attention-only calls, went through `counting`
+    assert len(seen) >= len(calls) * (run.settings.warmup + run.settings.repeats + 1) + len(calls)
+    assert not any(isinstance(p, Counting) for p in net.attn_processors.values()), "the model's processors are back"
+
+
+def test_resolve_knobs_defaults_and_refusals():
+    knobs = attention.resolve_knobs("smoke", None, None, None, None)
+    assert knobs.implementations[0] == attention.REFERENCE and "naive" in knobs.implementations
+    assert knobs.resolutions == [128, 256, 512] and knobs.batches == [1, 2, 4, 8]
+    assert knobs.sdpa_dtypes == ["fp32", "fp16"]
+    assert attention.resolve_knobs("full", ["naive", "sdpa-math"], [1024, 512], None, ["bf16"]) == attention.Knobs(
+        ["sdpa-math", "naive"], [512, 1024], [1, 4, 16, 32], ["bf16"])
+    for bad, match in (({"implementations": ["naive"]}, "must include 'sdpa-math'"),
+                       ({"resolutions": [100]}, "divisible by 16"), ({"resolutions": []}, "RESOLUTIONS"),
+                       ({"batches": [0, 2]}, "BATCHES"), ({"sdpa_dtypes": ["fp8"]}, "SDPA_DTYPES")):
+        given = {"implementations": None, "resolutions": None, "batches": None, "sdpa_dtypes": None} | bad
+        with pytest.raises(params.ParameterError, match=match):
+            attention.resolve_knobs("smoke", **given)
+
+
+def test_largest_self_attention_skips_cross_attention():
+    calls = [attention.AttentionCall((1, 2, 64, 8), (1, 2, 77, 8), (1, 2, 77, 8)),
+             attention.AttentionCall((1, 2, 16, 8), (1, 2, 16, 8), (1, 2, 16, 8))]
+    assert attention.largest_self_attention(calls) is calls[1]
+
+
+def test_published_figure():
+    assert attention.published_figure("diffusion-fast", "bf16 + SDPA", base="bf16", metric="latency") == (
+        "1.40x on an A100-80GB (diffusion-fast)")
+    assert attention.published_figure("pytorch2 blog", "SDPA (fp32)", metric="largest_batch") == (
+        "64 images on an A100-40GB (pytorch2 blog)")
+    with pytest.raises(KeyError):
+        attention.published_figure("pytorch2 blog", "no such scenario")

@@ -1,4 +1,7 @@
-"""Notebook 02 on the smoke profile: naive attention vs forced SDPA backends over resolutions."""
+"""Notebook 02 on the smoke profile: the naive processor and the forced SDPA backends over resolutions, the whole
+pipeline, the batch sweep and the fp32/fp16 gains; every claim of its Checks cell holds."""
+
+import re
 
 import pytest
 
@@ -15,6 +18,15 @@ ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 # tokens of the largest self-attention per resolution: Flux joins 32 text tokens to (res/16)^2 image tokens;
 # SDXL's first attention level sits at half the latent's side, res/16
 TOKENS = {"flux-dev": lambda res: 32 + (res // 16) ** 2, "sdxl": lambda res: (res // 16) ** 2}
+CLAIMS = {"the naive processor took every attention call of a step", "sdpa-math, the reference, runs here",
+          "after the switch the model is back to SDPA's default",
+          "the naive processor took every call of each step, and only it", "the score matrix grows as the tokens squared",
+          "naive attention holds a whole score matrix at 512 px (MiB)", "naive attention's memory grows faster than the tokens",
+          "flash needs less memory than naive at 512 px (MiB)", "the naive pipeline's image is finite",
+          "naive attention needs at least SDPA's memory at every batch (MiB)",
+          "naive attention runs out of memory no later than SDPA (batch)",
+          "naive and SDPA agree in fp32 (relative L2)", "naive and SDPA agree in fp16 (relative L2)"}
+SWITCH = {"flux-dev": "gives sdpa_kernel(MATH)'s output", "sdxl": "changes nothing in SDXL's UNet"}
 
 
 @pytest.mark.parametrize("model", ["flux-dev", "sdxl"])
@@ -35,7 +47,7 @@ def test_attention_rows(tmp_path, model):
             assert step["extra"]["finite"] and 0 <= agree <= TOLERANCE[dtype], (impl, res, agree)
             if impl == "sdpa-math":
                 assert agree == 0
-            # the naive processor really ran, once per attention call of the step, and only for "naive"
+            # the naive processor really ran, for every attention call of the step, and only for "naive"
             assert step["extra"]["naive_calls"] == (step["extra"]["attention_calls"] if impl == "naive" else 0)
         for impl in ("sdpa-efficient", "sdpa-cudnn"):  # CUDA-only kernels
             for what in ("step", "attention only"):
@@ -63,17 +75,36 @@ def test_attention_rows(tmp_path, model):
         naive, sdpa = nb.row(f"batch naive x{b}"), nb.row(f"batch sdpa x{b}")
         assert naive["status"] == sdpa["status"] == "ok" and naive["extra"]["batch_size"] == b
         assert naive["peak_memory_bytes"] >= sdpa["peak_memory_bytes"] > 0
-    # fp32 and fp16: naive and SDPA timed in each format
+    # fp32 and fp16: naive and SDPA timed in each format, and the printed verdict agrees with the rows
+    steps = {}
     for fmt in ("fp32", "fp16"):
         for impl in ("naive", "sdpa"):
             row = nb.row(f"dtype {fmt} step {impl}")
             assert row["status"] == "ok" and row["latency_median_s"] > 0 and row["extra"]["format"] == fmt
+            steps[fmt, impl] = row["latency_median_s"]
+    gain = {fmt: steps[fmt, "naive"] / steps[fmt, "sdpa"] for fmt in ("fp32", "fp16")}
+    text = nb.text()
+    verdict = re.search(r"SDPA's gain over naive attention: .*: (smaller|not smaller) in fp16", text).group(1)
+    assert verdict == ("smaller" if gain["fp16"] < gain["fp32"] else "not smaller")
+    # the smoke figures are one line each beside the published GPU ones
+    source = "diffusion-fast"
+    assert any("this run (cpu, smoke profile)" in ln and source in ln for ln in text.splitlines())
+    assert any(ln.startswith("largest batch: this run (cpu, smoke profile)") and "pytorch2 blog" in ln
+               for ln in text.splitlines())
+    assert text.count("Attention backends are an experimental feature") <= 1
     for fig in ("latency_vs_resolution", "memory_vs_resolution"):
         assert (nb.figures_dir / "cpu" / f"02_attention_sdpa_{fig}.png").stat().st_size > 1000
-    assert "not measured" in nb.text()
+    assert "not measured" in text
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    expected = CLAIMS | {f"naive attention agrees with SDPA ({dtype})",
+                         f"every implementation agrees with sdpa-math at every resolution ({dtype})",
+                         f"set_attention_backend('_native_math') {SWITCH[model]}",
+                         f"attention_backend('_native_math') {SWITCH[model]}"}
+    assert expected <= set(claims), sorted(expected - set(claims))
 
 
-def test_implementations_without_reference_fail_fast(tmp_path):
+def test_bad_knobs_fail_fast(tmp_path):
     with pytest.raises(params.ParameterError, match="must include 'sdpa-math'"):
         run_setup("02_attention_sdpa", tmp_path, IMPLEMENTATIONS=["naive"])
     with pytest.raises(params.ParameterError, match="divisible by 16"):
@@ -82,4 +113,6 @@ def test_implementations_without_reference_fail_fast(tmp_path):
         run_setup("02_attention_sdpa", tmp_path, BATCHES=[0, 2])
     with pytest.raises(params.ParameterError, match="SDPA_DTYPES"):
         run_setup("02_attention_sdpa", tmp_path, SDPA_DTYPES=["fp8"])
+    with pytest.raises(params.ParameterError, match="PROMPT=.*non-empty string"):
+        run_setup("02_attention_sdpa", tmp_path, PROMPT="")
     assert not (tmp_path / "results").exists()
