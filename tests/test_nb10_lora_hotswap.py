@@ -1,5 +1,5 @@
 """Notebook 10 on the smoke profile: hot-swaps of different ranks without recompiles, matching an ordinary load of
-the same file on the uncompiled model; the negative control; bad files; bad knobs fail fast."""
+the same file on the uncompiled model; the negative control; bad files; the Checks cell; bad knobs fail fast."""
 
 import pytest
 
@@ -61,7 +61,25 @@ def test_lora_hotswap_rows(tmp_path):
     assert nb.row("pipeline lora hotswap compiled")["recompiles"] == 0, "the hot-swapped pipeline recompiled when timed"
     for name in ("swap_latency", "pipeline_latency"):
         assert (nb.figures_dir / "cpu" / f"10_lora_hotswap_{name}.png").stat().st_size > 1000
-    assert "not measured" in nb.text()
+    assert "not measured" in nb.text() and "tiny model: no comparison" in nb.text()
+
+    claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    expected = {"every adapter was written", "unloading the reference adapters gives back the base model exactly",
+                "the references differ from each other and from no LoRA by over 5 tolerances",
+                f"compiled with the rank-{ranks[0]} adapter, the output matches its reference",
+                "swapping back to the first adapter gives its output bit for bit",
+                "the adapters change the compiled output measurably",
+                "the hot-swapped pipeline does not recompile when timed",
+                "the header check flags the two bad files and passes the adapters",
+                "no hotswap: new name + set_adapters recompiles", "no hotswap: unload + load recompiles"}
+    for rank in ranks:
+        expected |= {f"swap to rank {rank}: no recompile",
+                     f"swap to rank {rank}: the scaling lora_alpha / r is written in place",
+                     f"swap to rank {rank}: the output matches its own reference, and no other"}
+    for what in ("rank above target", "untargeted layer"):
+        expected.add(f"bad file ({what}): refused with a message naming it; no recompile, output unchanged")
+    assert expected <= set(claims), expected - set(claims)
 
 
 @pytest.mark.parametrize(("knobs", "message"), [
@@ -70,6 +88,7 @@ def test_lora_hotswap_rows(tmp_path):
     ({"TARGET_RANK": 8}, r"TARGET_RANK=8 must be None or an integer >= max\(RANKS\) = 16"),
     ({"ADAPTER_GAP": 5}, r"ADAPTER_GAP=5 must be a number from 8 to 16 \(parity tolerances\)"),
     ({"COMPILE_BACKEND": "cudagraphs"}, r"COMPILE_BACKEND='cudagraphs' is not allowed; choose one of: 'inductor'"),
+    ({"PROMPT": ""}, r"PROMPT='' is not allowed; use a non-empty string"),
 ])
 def test_bad_knobs_fail_fast(tmp_path, knobs, message):
     with pytest.raises(params.ParameterError, match=message):
