@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-fast test-matrix reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
+.PHONY: venv test test-fast test-matrix train-smoke reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
 
 venv: $(STAMP)
 
@@ -31,6 +31,12 @@ test-fast: venv
 MATRIX_ARGS ?=
 test-matrix: venv
 	$(PY) tools/test_matrix.py $(MATRIX_ARGS)
+
+## make train-smoke: train the smoke profile's Flux on scikit-learn's digits (about 10 minutes on 2 CPU cores):
+## writes data/models/flux-dev-smoke/ (FluxPipeline.save_pretrained, train-log.txt, README.md model card) and
+## data/models/digit-classifier/ (helpers.quality's judge). Not part of make test.
+train-smoke: venv
+	$(PY) tools/train_smoke.py
 
 ## make reproduce: run every notebook (full profile on a big enough GPU, else smoke), then the report
 reproduce: venv

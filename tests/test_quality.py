@@ -1,0 +1,105 @@
+"""helpers.quality on planted values: PSNR / SSIM of identical and noised images, the classifier on real and wrong
+digits, the Frechet distance of real digits (about 0) and of noise (large), the grid, the random-weights refusal."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from PIL import Image
+
+from helpers import quality
+
+
+@pytest.fixture(scope="module")
+def digits():
+    images8, labels = quality.load_digits()
+    _, held = quality.holdout_split(labels)
+    return quality.upsample(images8), labels, held
+
+
+def test_identical_image_has_infinite_psnr_and_unit_ssim(digits):
+    images, _, _ = digits
+    assert quality.psnr(images[:4], images[:4].clone()) == math.inf
+    assert quality.ssim(images[:4], images[:4].clone()) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_noised_image_scores_lower(digits):
+    images, _, _ = digits
+    ref = images[:4]
+    gen = torch.Generator().manual_seed(0)
+    slight = (ref + 0.02 * torch.randn(ref.shape, generator=gen)).clamp(0, 1)
+    strong = (ref + 0.2 * torch.randn(ref.shape, generator=gen)).clamp(0, 1)
+    assert quality.psnr(strong, ref) < quality.psnr(slight, ref)
+    assert quality.ssim(strong, ref) < quality.ssim(slight, ref) < 1.0
+
+
+def test_psnr_accepts_pil_images(digits):
+    images, _, _ = digits
+    pil = quality._to_pil(images[0], 128)
+    assert quality.psnr([pil], images[:1]) > 40  # only the uint8 rounding differs
+
+
+def test_real_held_out_digits_are_recognized(digits):
+    images, labels, held = digits
+    assert quality.recognized(images[held], labels[held]) >= 0.95
+    assert quality.classifier_info()["held_out_accuracy"] >= 0.95
+
+
+def test_wrong_digit_is_not_recognized(digits):
+    images, labels, held = digits
+    sevens = held[labels[held] == 7][:10]
+    assert quality.recognized(images[sevens], [7] * len(sevens)) >= 0.9
+    assert quality.recognized(images[sevens], [1] * len(sevens)) <= 0.1
+
+
+def test_recognized_reads_pil_images_and_checks_lengths(digits):
+    images, labels, held = digits
+    pils = [quality._to_pil(im, 128) for im in images[held[:10]]]
+    assert quality.recognized(pils, labels[held[:10]]) >= 0.9
+    with pytest.raises(ValueError, match="images but"):
+        quality.recognized(pils, [0, 1])
+
+
+def test_frechet_distance_real_is_about_zero_and_noise_is_large(digits):
+    images, _, held = digits
+    assert quality.frechet_distance(images) == pytest.approx(0.0, abs=1e-3)  # the shipped real statistics
+    real_held = quality.frechet_distance(images[held])
+    noise = quality.frechet_distance(torch.rand((len(held), 3, 128, 128), generator=torch.Generator().manual_seed(0)))
+    assert real_held < 5 and noise > 50 * max(real_held, 1.0)
+    assert quality.frechet_distance(images[held], reference=images[held]) == pytest.approx(0.0, abs=1e-3)
+
+
+def test_image_grid_lays_out_rows(digits):
+    images, _, _ = digits
+    grid = quality.image_grid([images[:3], [quality._to_pil(im, 128) for im in images[3:6]]], ["ref", "lever"],
+                              size=32, pad=2)
+    assert isinstance(grid, Image.Image)
+    assert grid.height == 2 * 34 + 2 and grid.width > 3 * 34
+
+
+def test_random_weights_cannot_be_judged():
+    assert "cannot be judged" in quality.judgeable("random")
+    assert quality.judgeable(str(quality.SMOKE_MODEL_DIR)) is None
+
+
+def test_prompt_words():
+    assert quality.prompt(7) == "a handwritten digit seven"
+    assert len({quality.prompt(d, p) for d in range(10) for p in range(len(quality.PHRASINGS))}) == 30
+
+
+def test_importing_quality_needs_neither_sklearn_nor_torchmetrics():
+    code = ("import sys, helpers.quality; "
+            "print(sorted(m for m in ('sklearn', 'torchmetrics') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_scores_bundle_the_four_metrics(digits):
+    images, labels, held = digits
+    some = images[held[:20]]
+    got = quality.scores(some, labels[held[:20]], reference=some)
+    assert set(got) == {"recognized", "frechet", "psnr", "ssim"}
+    assert got["psnr"] == math.inf and got["ssim"] == pytest.approx(1.0, abs=1e-6) and got["recognized"] >= 0.9
+    assert set(quality.scores(some, labels[held[:20]])) == {"recognized", "frechet"}
