@@ -95,7 +95,9 @@ def _fmt(value: float | None, kind: str, field: str) -> str:
         return "—"
     if kind in ("speedup", "ratio", "factor"):
         return f"{value:.2f}x"
-    return f"{value / GIB:.1f} GiB" if field == "peak_memory_bytes" else f"{value:.2f} s"
+    if field == "peak_memory_bytes":  # a CPU working-memory peak of a tiny model is MiBs: 0.0 GiB would hide it
+        return f"{value / GIB:.1f} GiB" if value >= GIB else f"{value / 2**20:.1f} MiB"
+    return f"{value:.2f} s"
 
 
 def compare(rows: pd.DataFrame, notebook: str | None = None,

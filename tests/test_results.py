@@ -278,3 +278,10 @@ def test_published_beside_reads_the_published_figure():
     assert full == "ratio: this run (H100, full profile) 1.1x (not compared: no like-for-like figure); published: none (none in the guide); n"
     with pytest.raises(KeyError):
         report.published_beside("x", "1 s", "cpu", "smoke", "no such scenario")
+
+
+def test_published_line_shows_a_small_peak_in_mib():
+    from helpers import report
+
+    line = report.published_line("eager-peak-memory", 5 * 2**20, "cpu", "smoke")
+    assert "this run (cpu, smoke profile) 5.0 MiB" in line and "published: 33.0 GiB" in line
