@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +111,24 @@ def quantized_linears(module: torch.nn.Module) -> tuple[int, int]:
     linears = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
     quantized = [m for m in linears if _is_subclass(m.weight)]
     return len(quantized), len(linears)
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Inside the block, diffusers' and transformers' loading progress bars are off (a pipeline rebuilt for every
+    stage from a folder would print three bars each time); each is restored as it was."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    states = [(m, m.is_progress_bar_enabled()) for m in (diffusers_logging, transformers_logging)]
+    for module, _ in states:
+        module.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for module, was_on in states:
+            if was_on:
+                module.enable_progress_bar()
 
 
 def cuda_graphs_reason(device: torch.device) -> str:

@@ -133,3 +133,13 @@ def test_cold_compile_counts_one_compile_and_its_drift():
     assert first.graphs >= 1 and first.cache_hits == 0 and later == 0
     assert line["rel. L2 vs eager (ratio)"] < 1e-5 and len(timed.samples_s) == 2
     assert line["step (ms)"] == pytest.approx(timed.median_s * 1e3)
+
+
+def test_quiet_loading_turns_the_loading_bars_off_and_back():
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    before = (diffusers_logging.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled())
+    with stack.quiet_loading():
+        assert not diffusers_logging.is_progress_bar_enabled() and not transformers_logging.is_progress_bar_enabled()
+    assert (diffusers_logging.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled()) == before
