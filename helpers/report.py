@@ -152,7 +152,7 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
-                   reference_dir: Path = paths.REFERENCE_DIR) -> str:
+                   reference_dir: Path = paths.REFERENCE_DIR, model: str | None = None) -> str:
     """One line setting this run's figure beside the published one of a comparison (comparisons.csv id): what this
     run measured and on what, then the published figure, its hardware and source; a figure the smoke profile or
     another hardware class cannot compare is said to be no comparison, in the same line."""
@@ -169,6 +169,8 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
     mine = _fmt(measured, c.kind, c.measured_field)
     if profile != "full":
         status = "tiny model: no comparison"
+    elif model is not None and model != c.model:
+        status = f"no comparison: published for {c.model}, this run is {model}"
     elif not _hardware_matches(c.hardware_class, hardware):
         status = f"no comparison: published on {c.hardware_class}"
     else:

@@ -285,3 +285,12 @@ def test_published_line_shows_a_small_peak_in_mib():
 
     line = report.published_line("eager-peak-memory", 5 * 2**20, "cpu", "smoke")
     assert "this run (cpu, smoke profile) 5.0 MiB" in line and "published: 33.0 GiB" in line
+
+
+def test_published_line_names_another_model():
+    from helpers import report
+
+    line = report.published_line("dtype-bf16-speedup-sdxl", 1.3, "h100-80gb-hbm3", "full", model="flux-dev")
+    assert "no comparison: published for sdxl, this run is flux-dev" in line
+    assert "no comparison" not in report.published_line("dtype-bf16-speedup-sdxl", 1.3, "h100-80gb-hbm3", "full",
+                                                        model="sdxl")
