@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 
@@ -33,6 +34,14 @@ def save(fig: plt.Figure, run: Run, hardware: str, name: str) -> Path:
     path = figure_path(run, hardware, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def save_image(image: Any, run: Run, hardware: str, name: str) -> Path:
+    """Save a PIL image (an image grid, say) as PNG under the run's figures folder and return the path."""
+    path = figure_path(run, hardware, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
     return path
 
 

@@ -25,3 +25,13 @@ def test_bars_and_lines_carry_title_labels_and_unit():
 def test_a_plot_without_labels_or_unit_is_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         plots.bars(["a"], [1.0], **kwargs)
+
+
+def test_save_image_writes_a_png(tmp_path):
+    from PIL import Image
+
+    from helpers import params, plots
+
+    run = params.resolve("00_x", PROFILE="smoke", FIGURES_DIR=str(tmp_path))
+    path = plots.save_image(Image.new("RGB", (8, 4), "white"), run, "cpu", "grid")
+    assert path == tmp_path / "cpu" / "00_x_grid.png" and Image.open(path).size == (8, 4)
