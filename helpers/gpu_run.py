@@ -59,7 +59,7 @@ GROUPS: dict[str, list[Job]] = {
     # that compiles both ways from warm caches and times eager/full/regional in turn (~80 s)
     "G1": [Job("00_setup_and_baseline", 100), Job("03_torch_compile", 300, {"MODES": ["default"]})],
     "G2": [Job("04_regional_compilation", 340)],
-    "G3a": [Job("05_dynamic_shapes", 330)],
+    "G3a": [Job("05_dynamic_shapes", 400)],
     # Flux's 01 waits for a knob that skips fp32 pipelines; 02 gained a batch sweep and an fp32/fp16 section, so
     # its SDXL run moved here beside 01's
     "G3b": [Job("01_dtype", 180, {"MODEL": "sdxl"}), Job("02_attention_sdpa", 155, {"MODEL": "sdxl"})],
@@ -78,6 +78,11 @@ GROUPS: dict[str, list[Job]] = {
     # 13 on one GPU: the split rows are recorded as skipped (the hosts have one GPU each); it builds Flux-1-Dev and
     # times the single-GPU step the scaling model needs (not timed on a GPU yet)
     "G7": [Job("13_beyond_one_gpu", 200)],
+    # 14, not timed on a GPU yet: two threshold caches at three thresholds, three step counts and two timed calls per
+    # setting keep it in one command; the waterfall compiles the 12B DiT's blocks and recompiles them per lever
+    # (docs/gpu-plan-estimates.md, G8)
+    "G8": [Job("14_caching_attention_steps", 470, {"CACHES": ["first-block", "mag"], "THRESHOLDS": [0.0, 0.1, 0.2],
+                                                   "STEP_COUNTS": [28, 12, 4], "REPEATS": 2, "WARMUP": 0})],
 }
 
 
