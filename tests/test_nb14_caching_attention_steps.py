@@ -67,7 +67,7 @@ def test_caching_attention_steps(tmp_path):
     if params.trained_smoke_folder("flux-dev").joinpath("model_index.json").is_file():  # WEIGHTS="auto" loads it
         assert claims["the uncached images are read as the prompted digits (share of 0-9)"]["holds"]
         assert "recognized" in off and "ssim" in off
-    for name in ("cache_skipped", "steps_latency"):
+    for name in ("cache_skipped", "steps_latency", "cache_sweep_images", "steps_images"):
         assert (nb.figures_dir / "cpu" / f"{NB}_{name}.png").stat().st_size > 1000
     assert "not measured" in nb.text()
 
