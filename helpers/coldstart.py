@@ -1,22 +1,23 @@
 """Cold and warm compile latency, measured where 'cold' is true: a fresh Python process with its own compile cache.
 
-The parent side (`measure_fresh`) starts `python -m helpers.coldstart ...` with TORCHINDUCTOR_CACHE_DIR and
-TRITON_CACHE_DIR pointing at a folder it chooses (a new empty one for a cold start). The child builds the
-pipeline, runs the denoiser once eagerly for reference and times steady eager calls, optionally loads portable
-compile artifacts, compiles the denoiser by running the recipe the parent passed (a line of code such as
-`pipe.transformer.compile(fullgraph=True)`, executed as written with `pipe` bound to the child's pipeline),
-times the first (compiling) call with the compile caches' hits and misses, times the steady calls, profiles a
-few more (where the host time of the fastest goes: compiled graphs, their wrappers, guard lookups, eager ops
-between compiled regions), optionally saves the artifacts, and prints one JSON line back.
+Notebook 04 writes its own script (a visible `%%writefile` cell): it loads the pipeline, compiles the denoiser one
+way ("full" or "regional"), optionally loads or saves portable compile artifacts, and hands the measuring to
+`Child` (eager reference and timings, the first call with the compile caches' hits and misses, steady calls, one
+profiled step). The parent side (`run_script`) runs that script in a new process with the environment it is
+given (TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR pointing at a folder the notebook chose: a new, empty one for a
+cold start) and reads back the one JSON line it prints.
 
-`measure_steady` runs several recipes in one process instead (warm from a cache that already holds their
-kernels) and times eager and each compiled denoiser interleaved, round by round, so every speedup compares
-calls made in the same process under the same load.
+`run_steady` runs `python -m helpers.coldstart --steady SCRIPT ...` instead: one process that imports the script,
+loads the pipeline and compiles it both ways with the script's own `load_pipeline` and `compile_denoiser`, then
+times eager and each compiled denoiser interleaved, round by round, so every speedup compares calls made in the
+same process under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -25,36 +26,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from helpers import paths
 
 HOWS: tuple[str, ...] = ("full", "regional")
 _MARK = "COLDSTART_JSON "
-
-
-def run_recipe(recipe: str, pipe: Any) -> None:
-    """Execute a compile recipe, a line such as `pipe.transformer.compile(fullgraph=True)`, with `pipe` bound."""
-    exec(compile(recipe, "<recipe>", "exec"), {"pipe": pipe})  # noqa: S102 - the notebook's own visible line
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the child builds and runs: model, profile, dtype, seed, denoiser config overrides, one call's shape."""
-
-    model: str
-    profile: str
-    dtype: str
-    seed: int
-    height: int
-    width: int
-    max_sequence_length: int
-    guidance: float
-    weights: str = "random"
-    denoiser_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +78,34 @@ class ColdStart:
     def speedup_vs_eager(self) -> float:
         """Eager steady latency over compiled steady latency, both timed in this process."""
         return self.eager_median_s / self.steady_median_s
+
+    def timing(self, warmup: int) -> Any:
+        """The steady compiled calls as a measure.Timing (for a row)."""
+        from helpers import measure
+
+        return measure.Timing(samples_s=self.steady_samples_s, warmup=warmup, method=self.timing_method)
+
+    def row_fields(self) -> dict[str, Any]:
+        """The fields of this process's row, besides its timing: compile seconds, counts, parity, profile, sizes."""
+        return {"compile_s": self.first_call_s, "recompiles": self.recompiles_after_first, "how": self.how,
+                "graphs": self.graphs, "ops_captured": self.ops_captured, "rel_error": self.rel_error,
+                "artifacts_loaded": self.artifacts_loaded, "artifacts_saved_bytes": self.artifacts_saved_bytes,
+                "artifacts_load_s": self.artifacts_load_s, "first_call_cache_hits": self.first_call_cache_hits,
+                "first_call_cache_misses": self.first_call_cache_misses, "eager_samples_s": self.eager_samples_s,
+                "eager_latency_median_s": self.eager_median_s, "speedup_vs_eager": self.speedup_vs_eager,
+                "step_profile": self.step_profile, "cuda_peak_bytes": self.cuda_peak_bytes,
+                "process_wall_s": self.process_wall_s, "startup_s": self.startup_s,
+                "kernel_files_built": self.extra.get("kernel_files_built", 0)}
+
+    def line(self, label: str) -> str:
+        """One printed line: the first call with its cache lookups, steady against eager, parity, what was built."""
+        parity = "bit-identical to eager" if self.rel_error == 0 else f"rel. L2 error vs eager {self.rel_error:.2e}"
+        return (f"{label}: first call {self.first_call_s:.1f} s (compile-cache hits {self.first_call_cache_hits}, "
+                f"misses {self.first_call_cache_misses}), {self.graphs} graph(s), {self.ops_captured} ops traced, "
+                f"{self.extra.get('kernel_files_built', 0)} kernel files built; steady "
+                f"{self.steady_median_s * 1e3:.1f} ms vs eager {self.eager_median_s * 1e3:.1f} ms in the same "
+                f"process ({self.speedup_vs_eager:.2f}x); {parity}; process {self.process_wall_s:.0f} s in all"
+                + (f", CUDA peak {self.cuda_peak_bytes / 2**30:.1f} GiB" if self.cuda_peak_bytes else ""))
 
 
 # Profiler event names (torch 2.13): a call of compiled code, the compiled graph inside it, dynamo's guard lookup.
@@ -172,40 +181,6 @@ def cache_env(cache_dir: Path) -> dict[str, str]:
     return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir / "inductor"), "TRITON_CACHE_DIR": str(cache_dir / "triton")}
 
 
-def measure_fresh(work: Workload, how: str, recipe: str, cache_dir: Path, *, repeats: int, warmup: int,
-                  emulate_precision_casts: bool, save_artifacts: Path | None = None,
-                  load_artifacts: Path | None = None, timeout_s: float = 1800) -> ColdStart:
-    """Run one compile-and-time in a fresh Python process whose compile caches live in cache_dir; the child compiles
-    by executing `recipe` (labelled `how`)."""
-    if how not in HOWS:
-        raise ValueError(f"how={how!r}; allowed: {HOWS}")
-    cmd = [sys.executable, "-m", "helpers.coldstart", "--how", how, "--recipe", recipe, "--repeats", str(repeats),
-           "--warmup", str(warmup), "--work", json.dumps(asdict(work))]
-    if emulate_precision_casts:
-        cmd.append("--emulate-precision-casts")
-    if save_artifacts:
-        cmd += ["--save-artifacts", str(save_artifacts)]
-    if load_artifacts:
-        cmd += ["--load-artifacts", str(load_artifacts)]
-    kernels_before = kernel_files(cache_dir)
-    data, wall = _run_child(cmd, cache_dir, timeout_s)
-    result = ColdStart(process_wall_s=wall, cache_dir=str(cache_dir), **data)
-    result.extra["kernel_files_built"] = kernel_files(cache_dir) - kernels_before
-    return result
-
-
-def _run_child(cmd: list[str], cache_dir: Path, timeout_s: float) -> tuple[dict[str, Any], float]:
-    """Run a child command with its caches in cache_dir; its JSON answer and the process's wall seconds."""
-    env = os.environ | cache_env(cache_dir)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, check=False, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.perf_counter() - t0
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"helpers.coldstart child failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len(_MARK):]), wall
-
-
 @dataclass
 class SteadyCompare:
     """Eager and compiled steady steps timed interleaved in one process: samples per setting ('eager' and each
@@ -229,132 +204,185 @@ class SteadyCompare:
         """Eager median over this setting's median, both from this process's interleaved rounds."""
         return self.median_s("eager") / self.median_s(label)
 
+    def timing(self, label: str, warmup: int) -> Any:
+        """One setting's steady steps as a measure.Timing (for a row)."""
+        from helpers import measure
 
-def measure_steady(work: Workload, recipes: dict[str, str], cache_dir: Path, *, repeats: int, warmup: int,
-                   emulate_precision_casts: bool, timeout_s: float = 1800) -> SteadyCompare:
-    """In one fresh process with caches in cache_dir: compile by each recipe, then time eager and every compiled
-    setting interleaved (warmup rounds untimed, then `repeats` rounds), and profile each compiled setting."""
-    cmd = [sys.executable, "-m", "helpers.coldstart", "--steady", json.dumps(recipes), "--repeats", str(repeats),
-           "--warmup", str(warmup), "--work", json.dumps(asdict(work))]
-    if emulate_precision_casts:
-        cmd.append("--emulate-precision-casts")
-    data, wall = _run_child(cmd, cache_dir, timeout_s)
+        return measure.Timing(samples_s=self.samples_s[label], warmup=warmup, method=self.timing_method)
+
+
+
+
+# --- The parent side: run the notebook's script in a new process ---
+
+
+def settings(run: Any, *, denoiser_config: dict[str, Any]) -> dict[str, Any]:
+    """What the notebook's script needs to rebuild this run's pipeline and step (a params.Run), as JSON-able values."""
+    s = run.settings
+    return {"model": run.model, "profile": run.profile, "weights": run.weights, "dtype": run.dtype_name,
+            "seed": run.seed, "denoiser_config": denoiser_config, "height": s.height, "width": s.width,
+            "max_sequence_length": s.max_sequence_length, "guidance": s.guidance, "repeats": s.repeats,
+            "warmup": s.warmup}
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[dict[str, Any], float]:
+    """Run a child command with env added (and the project importable); its JSON answer and its wall seconds."""
+    path = os.pathsep.join(p for p in (str(paths.ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, check=False, cwd=paths.ROOT, env=os.environ | env | {"PYTHONPATH": path},
+                          capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(_MARK):]), wall
+
+
+def run_script(script: str | Path, cfg: dict[str, Any], *, env: dict[str, str], cache_dir: Path,
+               timeout_s: float = 1800) -> ColdStart:
+    """Run the notebook's script with cfg in a new Python process, env added to its environment (its compile cache
+    folders, inside cache_dir); what it measured, its wall seconds and the kernel files it built in cache_dir."""
+    if cfg.get("how") not in HOWS:
+        raise ValueError(f"how={cfg.get('how')!r}; allowed: {HOWS}")
+    kernels_before = kernel_files(cache_dir)
+    data, wall = _run([sys.executable, str(script), json.dumps(cfg | {"launched_at": time.time()})], env, timeout_s)
+    result = ColdStart(process_wall_s=wall, cache_dir=str(cache_dir), **data)
+    result.extra["kernel_files_built"] = kernel_files(cache_dir) - kernels_before
+    return result
+
+
+def run_steady(script: str | Path, cfg: dict[str, Any], *, env: dict[str, str],
+               timeout_s: float = 1800) -> SteadyCompare:
+    """In one new process (env added): load the pipeline and compile it both ways with the script's own functions,
+    then time eager, full and regional interleaved (cfg's warmup rounds untimed, then its repeats) and profile."""
+    data, wall = _run([sys.executable, "-m", "helpers.coldstart", "--steady", str(script), json.dumps(cfg)], env,
+                      timeout_s)
     return SteadyCompare(process_wall_s=wall, **data)
 
 
-def _built(args: argparse.Namespace) -> tuple[Any, Any, Callable[[], Any], Any]:
-    """Inside the fresh process: the workload's pipeline, its denoiser, one step as a callable, and the device."""
-    import torch
-
-    from helpers import params, pipelines
-
-    work = Workload(**json.loads(args.work))
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    pipe = pipelines.build_pipeline(work.model, work.profile, weights=work.weights,
-                                    dtype=params.DTYPES[work.dtype], device=device, seed=work.seed,
-                                    denoiser_config=work.denoiser_config or None)
-    inputs = pipelines.denoiser_inputs(pipe, height=work.height, width=work.width, guidance=work.guidance,
-                                       max_sequence_length=work.max_sequence_length, seed=work.seed)
-    net = pipelines.denoiser(pipe)
-
-    def call() -> Any:
-        with torch.inference_mode():
-            return net(**inputs)[0]
-    return pipe, net, call, device
+# --- The child side: inside the fresh process ---
 
 
-def _child(args: argparse.Namespace) -> dict[str, Any]:
-    """Inside the fresh process: build, eager reference and timing, compile, time first and steady calls, profile."""
-    t_start = time.perf_counter()
-    import torch
+class Child:
+    """The measuring half of the notebook's script: one denoiser step of `pipe` on the inputs the pipeline builds at
+    its first step, timed eager, then (after the script compiles) its first call and steady calls; `json_line()` is
+    what the script prints for the parent."""
 
-    from helpers import compile_tools, measure
+    def __init__(self, pipe: Any, cfg: dict[str, Any]) -> None:
+        """Build the step's inputs as the pipeline does (pipelines.denoiser_inputs) and a call of the denoiser."""
+        import torch
 
-    pipe, _net, call, device = _built(args)
+        from helpers import pipelines
 
-    reference = call()
-    eager = measure.time_callable(call, device, repeats=args.repeats, warmup=args.warmup)
-    loaded, load_s = False, 0.0
-    if args.load_artifacts:
+        self.cfg, self.device = cfg, pipe._execution_device
+        inputs = pipelines.denoiser_inputs(pipe, height=cfg["height"], width=cfg["width"], guidance=cfg["guidance"],
+                                           max_sequence_length=cfg["max_sequence_length"], seed=cfg["seed"])
+        net = pipelines.denoiser(pipe)
+
+        def call() -> Any:
+            with torch.inference_mode():
+                return net(**inputs)[0]
+        self.call = call
+        self.reference: Any = None
+        self.result: dict[str, Any] = {"how": cfg.get("how", ""), "artifacts_loaded": False,
+                                       "artifacts_saved_bytes": 0, "artifacts_load_s": 0.0}
+
+    def eager(self) -> None:
+        """The eager output (the reference the compiled one is compared with) and steady eager timings."""
+        from helpers import measure
+
+        self.reference = self.call()
+        eager = measure.time_callable(self.call, self.device, repeats=self.cfg["repeats"], warmup=self.cfg["warmup"])
+        self.result["eager_samples_s"] = list(eager.samples_s)
+
+    @contextlib.contextmanager
+    def timing(self, name: str) -> Iterator[None]:
+        """Record the wall seconds of the block under `name` (e.g. loading compile artifacts)."""
         t0 = time.perf_counter()
-        loaded = torch.compiler.load_cache_artifacts(Path(args.load_artifacts).read_bytes()) is not None
-        load_s = time.perf_counter() - t0
-    run_recipe(args.recipe, pipe)  # the notebook's line, e.g. pipe.transformer.compile(fullgraph=True)
-    startup = time.perf_counter() - t_start
+        yield
+        self.result[name] = time.perf_counter() - t0
 
-    with compile_tools.precision_casts(args.emulate_precision_casts):
+    def note(self, **fields: Any) -> None:
+        """Add fields to what the process reports (e.g. artifacts_loaded, artifacts_saved_bytes)."""
+        self.result.update(fields)
+
+    def first_and_steady_calls(self) -> None:
+        """Time the first call (it compiles) counting graphs and compile-cache lookups, then steady calls (counting
+        recompiles), and profile a few; startup_s is the wall time from the parent's launch to this point."""
+        from helpers import compile_tools, measure
+
+        self.result["startup_s"] = time.time() - self.cfg.get("launched_at", time.time())
         with compile_tools.counting() as first:
-            first_s, out = measure.first_call_seconds(call, device)
+            first_s, out = measure.first_call_seconds(self.call, self.device)
         with compile_tools.counting() as later:
-            timing = measure.time_callable(call, device, repeats=args.repeats, warmup=args.warmup)
-            profiled = step_profile(call, device, calls=args.repeats)
-    saved = 0
-    if args.save_artifacts:
-        artifacts = torch.compiler.save_cache_artifacts()
-        if artifacts is not None:
-            Path(args.save_artifacts).write_bytes(artifacts[0])
-            saved = len(artifacts[0])
-    return {"how": args.how, "first_call_s": first_s, "steady_samples_s": list(timing.samples_s),
-            "rel_error": compile_tools.relative_error(out, reference), "graphs": first.graphs,
-            "ops_captured": first.ops_captured, "recompiles_after_first": later.graphs, "artifacts_loaded": loaded,
-            "artifacts_saved_bytes": saved, "startup_s": startup, "timing_method": timing.method,
-            "eager_samples_s": list(eager.samples_s), "first_call_cache_hits": first.cache_hits,
-            "first_call_cache_misses": first.cache_misses, "artifacts_load_s": load_s, "step_profile": profiled,
-            "cuda_peak_bytes": torch.cuda.max_memory_allocated() if device.type == "cuda" else 0}
+            steady = measure.time_callable(self.call, self.device, repeats=self.cfg["repeats"],
+                                           warmup=self.cfg["warmup"])
+            profiled = step_profile(self.call, self.device, calls=self.cfg["repeats"])
+        self.note(first_call_s=first_s, steady_samples_s=list(steady.samples_s), timing_method=steady.method,
+                  rel_error=compile_tools.relative_error(out, self.reference), graphs=first.graphs,
+                  ops_captured=first.ops_captured, recompiles_after_first=later.graphs,
+                  first_call_cache_hits=first.cache_hits, first_call_cache_misses=first.cache_misses,
+                  step_profile=profiled)
+
+    def json_line(self) -> str:
+        """The line the parent reads back, with the process's CUDA peak (0 on a CPU) and the size of the artifacts
+        file the script saved, if it saved one."""
+        import torch
+
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+        saved = Path(self.cfg.get("save_artifacts") or "")
+        size = saved.stat().st_size if self.cfg.get("save_artifacts") and saved.is_file() else 0
+        return _MARK + json.dumps(self.result | {"cuda_peak_bytes": peak, "artifacts_saved_bytes": size})
 
 
-def _steady_child(args: argparse.Namespace) -> dict[str, Any]:
-    """Inside the fresh process: build, compile by each recipe (warm caches), time all settings interleaved, profile."""
+def load_script(script: str | Path) -> ModuleType:
+    """Import the notebook's script as a module (its `__main__` block does not run)."""
+    spec = importlib.util.spec_from_file_location("notebook_script", script)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {script}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def _steady(script: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Inside the steady process: compile both ways by the script's functions, time all settings in turn, profile."""
     from helpers import compile_tools, measure
 
-    recipes: dict[str, str] = json.loads(args.steady)
-    pipe, net, call, device = _built(args)
-
+    module = load_script(script)
+    pipe = module.load_pipeline(cfg)
+    child = Child(pipe, cfg)
+    net, call, device = pipe.transformer, child.call, child.device
     reference = call()
     states: dict[str, dict[Any, Any]] = {"eager": {}}
     errors, first_s, hits = {}, {}, {}
-    with compile_tools.precision_casts(args.emulate_precision_casts):
-        for label, recipe in recipes.items():
-            compile_tools.set_compiled_state(net, {})
-            run_recipe(recipe, pipe)
-            with compile_tools.counting() as first:
-                first_s[label], out = measure.first_call_seconds(call, device)
-            hits[label] = first.cache_hits
-            errors[label] = compile_tools.relative_error(out, reference)
-            states[label] = compile_tools.compiled_state(net)
-
-        with compile_tools.counting() as later:
-            timings = measure.time_interleaved({k: call for k in states}, device, repeats=args.repeats,
-                                                     warmup=args.warmup,
-                                                     setup=lambda label: compile_tools.set_compiled_state(
-                                                         net, states[label]))
-            profiles = {}
-            for label in recipes:
-                compile_tools.set_compiled_state(net, states[label])
-                profiles[label] = step_profile(call, device, calls=args.repeats)
+    for how in HOWS:
+        compile_tools.set_compiled_state(net, {})
+        module.compile_denoiser(pipe, how)
+        with compile_tools.counting() as first:
+            first_s[how], out = measure.first_call_seconds(call, device)
+        hits[how], errors[how] = first.cache_hits, compile_tools.relative_error(out, reference)
+        states[how] = compile_tools.compiled_state(net)
+    with compile_tools.counting() as later:
+        timings = measure.time_interleaved({k: call for k in states}, device, repeats=cfg["repeats"],
+                                           warmup=cfg["warmup"],
+                                           setup=lambda label: compile_tools.set_compiled_state(net, states[label]))
+        profiles = {}
+        for how in HOWS:
+            compile_tools.set_compiled_state(net, states[how])
+            profiles[how] = step_profile(call, device, calls=cfg["repeats"])
     return {"samples_s": {k: list(t.samples_s) for k, t in timings.items()}, "graphs_while_timing": later.graphs,
             "step_profiles": profiles, "rel_errors": errors, "first_call_s": first_s, "first_call_cache_hits": hits,
             "timing_method": timings["eager"].method}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the child process: parse arguments, measure, print one JSON line."""
+    """Entry point of the steady process: `--steady SCRIPT SETTINGS_JSON`; prints one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--how", choices=HOWS)
-    parser.add_argument("--recipe", default="", help="the line of code that compiles pipe's denoiser")
-    parser.add_argument("--steady", default="", help="label -> recipe as JSON: time them all in this process")
-    parser.add_argument("--work", required=True, help="Workload as JSON")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--emulate-precision-casts", action="store_true")
-    parser.add_argument("--save-artifacts", default="")
-    parser.add_argument("--load-artifacts", default="")
+    parser.add_argument("--steady", required=True, help="the notebook's script (load_pipeline, compile_denoiser)")
+    parser.add_argument("settings", help="settings as JSON (coldstart.settings)")
     args = parser.parse_args(argv)
-    if not args.steady and not (args.how and args.recipe):
-        parser.error("give --how and --recipe, or --steady")
-    result = _steady_child(args) if args.steady else _child(args)
-    print(_MARK + json.dumps(result), flush=True)
+    print(_MARK + json.dumps(_steady(args.steady, json.loads(args.settings))), flush=True)
     return 0
 
 

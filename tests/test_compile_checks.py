@@ -70,15 +70,50 @@ def test_words_follow_the_measured_value():
     assert compile_tools.share_word(0.3) == "less than half"
 
 
-def test_run_recipe_executes_the_line_with_pipe_bound():
-    class Pipe:
-        transformer = torch.nn.Linear(2, 2)
+SCRIPT = """
+import json, os, sys
+from pathlib import Path
 
-    pipe = Pipe()
-    coldstart.run_recipe("pipe.transformer.compile(fullgraph=True, backend='eager')", pipe)
-    assert pipe.transformer._compiled_call_impl is not None
-    with pytest.raises(AttributeError):
-        coldstart.run_recipe("pipe.unet.compile()", pipe)
+from helpers import coldstart
+
+
+def compile_denoiser(pipe, how):
+    pipe.compiled = how
+
+
+if __name__ == "__main__":
+    cfg = json.loads(sys.argv[1])
+    kernel = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "k.so"
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(b"")
+    print("noise before the answer")
+    print(coldstart._MARK + json.dumps({"how": cfg["how"], "first_call_s": 1.0, "steady_samples_s": [0.5],
+          "rel_error": 0.0, "graphs": 1, "ops_captured": 3, "recompiles_after_first": 0, "artifacts_loaded": False,
+          "artifacts_saved_bytes": 0, "startup_s": 0.1, "eager_samples_s": [1.0], "step_profile": {},
+          "extra": {"launched": cfg["launched_at"] > 0, "seed": cfg["seed"]}}))
+"""
+
+
+def test_run_script_runs_the_notebook_script_in_a_new_process_with_its_cache_env(tmp_path):
+    script = tmp_path / "cold_start.py"
+    script.write_text(SCRIPT)
+    cache = coldstart.fresh_cache_dir()
+    try:
+        r = coldstart.run_script(script, {"how": "regional", "seed": 7}, env=coldstart.cache_env(cache),
+                                 cache_dir=cache)
+    finally:
+        coldstart.remove_dirs([cache])
+    assert r.how == "regional" and r.extra["seed"] == 7 and r.extra["launched"] is True
+    assert r.extra["kernel_files_built"] == 1 and r.process_wall_s > 0 and r.cache_dir == str(cache)
+    assert r.speedup_vs_eager == 2.0 and r.row_fields()["compile_s"] == 1.0 and "2.00x" in r.line("regional")
+    module = coldstart.load_script(script)  # imported, its __main__ block not run
+    pipe = type("Pipe", (), {})()
+    module.compile_denoiser(pipe, "full")
+    assert pipe.compiled == "full"
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise SystemExit(3)\n")
+    with pytest.raises(RuntimeError, match="exit 3"):
+        coldstart.run_script(broken, {"how": "full"}, env={}, cache_dir=tmp_path)
 
 
 def test_switching_compiled_states_in_one_process_compiles_nothing_more():
@@ -123,6 +158,7 @@ def test_steady_compare_medians_and_speedups():
     r = coldstart.SteadyCompare(samples_s={"eager": [4.0, 6.0, 5.0], "full": [2.0, 2.5, 3.0], "regional": [5.0]},
                                 graphs_while_timing=0, step_profiles={}, rel_errors={}, first_call_s={})
     assert r.median_s("eager") == 5.0 and r.speedup_vs_eager("full") == 2.0 and r.speedup_vs_eager("regional") == 1.0
+    assert r.timing("full", 1).median_s == 2.5 and r.timing("full", 1).warmup == 1
 
 
 def test_precision_cast_emulation_changes_no_fp32_kernel():

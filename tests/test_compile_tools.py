@@ -97,9 +97,8 @@ def test_coldstart_cache_env_and_fresh_dir(tmp_path):
     assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(d)) and env["TRITON_CACHE_DIR"].startswith(str(d))
     coldstart.remove_dirs([d])
     assert not d.exists()
-    w = coldstart.Workload("flux-dev", "smoke", "bf16", 0, 64, 64, 16, 3.5)
     with pytest.raises(ValueError, match="how="):
-        coldstart.measure_fresh(w, "everything", "pipe.transformer.compile()", tmp_path, repeats=1, warmup=0, emulate_precision_casts=False)
+        coldstart.run_script(tmp_path / "x.py", {"how": "everything"}, env={}, cache_dir=tmp_path)
     r = coldstart.ColdStart(how="full", first_call_s=1.0, steady_samples_s=[3.0, 1.0, 2.0, 9.0], rel_error=0.0,
                             graphs=1, ops_captured=10, recompiles_after_first=0, artifacts_loaded=False,
                             artifacts_saved_bytes=0, process_wall_s=2.0, startup_s=0.5, cache_dir=str(tmp_path),
