@@ -131,6 +131,11 @@ def train_vae(vae: torch.nn.Module, images8: torch.Tensor, train: torch.Tensor, 
                 f"{time.perf_counter() - t0:.0f} s")
     vae.eval()
     vae.requires_grad_(False)
+    return check_vae(vae, images8, held, labels)
+
+
+def check_vae(vae: torch.nn.Module, images8: torch.Tensor, held: torch.Tensor, labels: torch.Tensor) -> dict:
+    """Held-out reconstruction MSE and recognized share of the VAE's reconstructions."""
     with torch.no_grad():
         rec_held = torch.cat([vae.decode(vae.encode(quality.upsample(images8[i]) * 2 - 1).latent_dist.mode()).sample
                               for i in held.split(64)])
@@ -462,8 +467,8 @@ def main() -> None:
         if args.vae_cache and args.vae_cache.is_file():
             pipe.vae.load_state_dict(torch.load(args.vae_cache))
             pipe.vae.eval().requires_grad_(False)
-            vae_info = {}
-            log(f"vae loaded from {args.vae_cache}")
+            log(f"vae loaded from {args.vae_cache} (trained by an earlier run with the same options)")
+            vae_info = check_vae(pipe.vae, images8, held, labels)
         else:
             vae_info = train_vae(pipe.vae, images8, train, held, labels, args)
             if args.vae_cache:
