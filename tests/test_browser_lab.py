@@ -29,7 +29,7 @@ NOTEBOOK_00 = paths.NOTEBOOKS_DIR / "00_setup_and_baseline.ipynb"
 ARTIFACTS = paths.ROOT / "build" / "test-artifacts"
 PUBLISHED_SCREENSHOT = paths.FIGURES_DIR / "jupyterlab_notebook00.png"
 RUN_TIMEOUT_S = 420  # the smoke profile takes about a minute on 2 CPU cores
-DENOISING_SECTION = "2. The eager baseline, end to end"  # where notebook 00 runs the pipeline with its bar
+DENOISING_SECTION = "2. Make an image"  # where notebook 00 runs the pipeline with its bar
 
 
 @pytest.fixture(scope="module")
