@@ -43,6 +43,8 @@ EXPECTED_KERNEL: dict[str, str] = {"_native_flash": r"_scaled_dot_product_flash_
                                    "_native_math": r"_scaled_dot_product_attention_math",
                                    "flex": r"(?i)flex_?attention",
                                    "native": "|".join(re.escape(k) for k in SDPA_KERNELS)}
+# PyTorch SDPA kernels that exist only on CUDA devices (their backend fails elsewhere with torch's generic message).
+CUDA_ONLY: dict[str, str] = {"_native_cudnn": "cuDNN attention", "_native_efficient": "memory-efficient attention"}
 _ATTENTION_EVENT = re.compile(r"(?i)(scaled_dot_product|flex_?attention|flash_attn|sage|xformers|fmha)")
 
 
@@ -81,6 +83,8 @@ def skip_reason(backend: str, device: torch.device, dtype: torch.dtype, head_dim
     except Exception as err:  # noqa: BLE001 any failure of the trial call is the reason recorded
         trial = (f"torch {torch.__version__} on {device.type} {str(dtype).removeprefix('torch.')}: "
                  f"{_first_line(err)}")
+        if backend in CUDA_ONLY and device.type != "cuda":
+            trial = f"needs CUDA: PyTorch's {CUDA_ONLY[backend]} kernel exists only on CUDA GPUs ({trial})"
         return "; ".join([*contract_breaches(backend, device, dtype, head_dim), trial])
     return ""
 

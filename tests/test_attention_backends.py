@@ -52,6 +52,8 @@ def test_skip_reasons_name_the_cause():
     assert attention_backends.skip_reason("native", CPU, FP32, 16) == ""
     cudnn = attention_backends.skip_reason("_native_cudnn", CPU, FP32, 16)
     assert "bfloat16 or float16" in cudnn and "No viable backend" in cudnn  # diffusers' check and torch's failure
+    assert cudnn.startswith("diffusers'") and "needs CUDA" in cudnn
+    assert attention_backends.skip_reason("_native_efficient", CPU, FP32, 16).startswith("needs CUDA")
     hub = attention_backends.skip_reason("_flash_3_hub", CPU, FP32, 16)
     assert "kernels-community/flash-attn3" in hub and "network" in hub
     if importlib.util.find_spec("sageattention") is None:
