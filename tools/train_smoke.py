@@ -395,7 +395,7 @@ random class embeddings) reached 0.42.
 Phases: {phases}; total {metrics['total_seconds']:.0f} s on {metrics['machine']}.
 One torch thread by default (`--threads`): the sums are then ordered alike on any machine, and on a shared
 2-core CPU two threads ran several times slower than one. A rerun reproduces the metrics within a tolerance
-(see "Rerun" below when filled in), not necessarily bit for bit: other CPUs may order sums differently.
+(recognized at 2 steps within 0.05, Frechet distance within 20%), not necessarily bit for bit: other CPUs may order sums differently.
 `train-log.txt` is the log of the run that wrote this folder; `metrics.json` holds its numbers.
 """
 
