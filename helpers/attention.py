@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import measure, params, precision, report
+from helpers import measure, params, precision
 
 # diffusers logs "Attention backends are an experimental feature ..." at every set_attention_backend and
 # reset_attention_backend; once per process says it.
@@ -244,20 +244,3 @@ def largest_self_attention(calls: list[AttentionCall]) -> AttentionCall:
     """The self-attention call (as many keys as queries) with the largest score matrix: Flux's joint attention over
     text and image tokens, SDXL's first attention level (its cross-attention attends to 77 text tokens instead)."""
     return max((c for c in calls if c.key[-2] == c.query[-2]), key=lambda c: c.score_elements())
-
-
-def published_figure(source: str, scenario: str, base: str | None = None, metric: str | None = None) -> str:
-    """A published figure from data/reference/published-numbers.csv as one phrase: its value and unit (with base,
-    the speedup base / scenario of the metric, latency by default), the hardware and the source."""
-    pub = report.published_numbers()
-    pub = pub[pub["source"] == source]
-
-    def row(name: str) -> Any:
-        hit = pub[(pub["scenario"] == name) & ((pub["metric"] == metric) if metric else True)]
-        if len(hit) != 1:
-            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r} / {name!r} / {metric!r}")
-        return hit.iloc[0]
-
-    r = row(scenario)
-    value = f"{row(base).value / r.value:.2f}x" if base else f"{r.value:g}{'x' if r.unit == 'x' else ' ' + r.unit}"
-    return f"{value} on an {r.hardware} ({source})"

@@ -202,6 +202,23 @@ def published_beside(what: str, measured: str, hardware: str, profile: str, scen
     return line + (f"; {note}" if note else "")
 
 
+def published_figure(source: str, scenario: str, base: str | None = None, metric: str | None = None) -> str:
+    """A published figure from data/reference/published-numbers.csv as one phrase: its value and unit (with base,
+    the speedup base / scenario of the metric, latency by default), the hardware and the source."""
+    pub = published_numbers()
+    pub = pub[pub["source"] == source]
+
+    def row(name: str) -> pd.Series:
+        hit = pub[(pub["scenario"] == name) & ((pub["metric"] == metric) if metric else True)]
+        if len(hit) != 1:
+            raise KeyError(f"published-numbers.csv has {len(hit)} rows for {source!r} / {name!r} / {metric!r}")
+        return hit.iloc[0]
+
+    r = row(scenario)
+    value = f"{row(base).value / r.value:.2f}x" if base else f"{r.value:g}{'x' if r.unit == 'x' else ' ' + r.unit}"
+    return f"{value} on an {r.hardware} ({source})"
+
+
 # --- The reproduction report (notebook 11): tables, figures and the README's generated region ---
 
 README_START = "<!-- results:start -->"

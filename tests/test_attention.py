@@ -124,12 +124,3 @@ def test_largest_self_attention_skips_cross_attention():
     calls = [attention.AttentionCall((1, 2, 64, 8), (1, 2, 77, 8), (1, 2, 77, 8)),
              attention.AttentionCall((1, 2, 16, 8), (1, 2, 16, 8), (1, 2, 16, 8))]
     assert attention.largest_self_attention(calls) is calls[1]
-
-
-def test_published_figure():
-    assert attention.published_figure("diffusion-fast", "bf16 + SDPA", base="bf16", metric="latency") == (
-        "1.40x on an A100-80GB (diffusion-fast)")
-    assert attention.published_figure("pytorch2 blog", "SDPA (fp32)", metric="largest_batch") == (
-        "64 images on an A100-40GB (pytorch2 blog)")
-    with pytest.raises(KeyError):
-        attention.published_figure("pytorch2 blog", "no such scenario")

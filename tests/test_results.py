@@ -294,3 +294,14 @@ def test_published_line_names_another_model():
     assert "no comparison: published for sdxl, this run is flux-dev" in line
     assert "no comparison" not in report.published_line("dtype-bf16-speedup-sdxl", 1.3, "h100-80gb-hbm3", "full",
                                                         model="sdxl")
+
+
+def test_published_figure():
+    from helpers import report
+
+    assert report.published_figure("diffusion-fast", "bf16 + SDPA", base="bf16", metric="latency") == (
+        "1.40x on an A100-80GB (diffusion-fast)")
+    assert report.published_figure("pytorch2 blog", "SDPA (fp32)", metric="largest_batch") == (
+        "64 images on an A100-40GB (pytorch2 blog)")
+    with pytest.raises(KeyError):
+        report.published_figure("pytorch2 blog", "no such scenario")
