@@ -96,6 +96,13 @@ def check_subset(name: str, values: Iterable[Any], allowed: Iterable[Any]) -> li
     return values
 
 
+def check_text(name: str, value: Any) -> str:
+    """Return value if it is a non-empty string, else raise a ParameterError naming the parameter."""
+    if not isinstance(value, str) or not value.strip():
+        raise ParameterError(f"{name}={value!r} is not allowed; use a non-empty string")
+    return value
+
+
 def _is_positive_int(v: Any) -> bool:
     """An int (not a bool) above zero."""
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
@@ -213,6 +220,8 @@ def resolve(
     if not isinstance(SEED, int):
         raise ParameterError(f"SEED={SEED!r} must be an integer")
     weights = check_weights(str(WEIGHTS))
+    if "PROMPT" in knobs:
+        check_text("PROMPT", knobs["PROMPT"])
     if REPEATS is not None:
         check_positive_int("REPEATS", REPEATS)
     if WARMUP is not None and not (isinstance(WARMUP, int) and not isinstance(WARMUP, bool) and WARMUP >= 0):

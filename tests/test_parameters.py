@@ -59,6 +59,13 @@ def test_scalar_knobs():
             params.check_choice("FLAG", bad, (True, False))
 
 
+@pytest.mark.parametrize("bad", ["", "  ", None, 7])
+def test_prompt_must_be_text(bad):
+    assert params.resolve("x", PROMPT="a digit").knobs["PROMPT"] == "a digit"
+    with pytest.raises(params.ParameterError, match=r"PROMPT=.* is not allowed; use a non-empty string"):
+        params.resolve("x", PROMPT=bad)
+
+
 def _snapshot():
     return sorted(str(p) for p in paths.RESULTS_DIR.rglob("*")) if paths.RESULTS_DIR.exists() else []
 
