@@ -61,6 +61,17 @@ class Memory:
         """The peak in a unit that shows it: '22.50 GiB', or '3.8 MiB' below 1 GiB."""
         return f"{self.peak_gib:.2f} GiB" if self.peak_bytes >= 2**30 else f"{self.peak_bytes / 2**20:.1f} MiB"
 
+    @property
+    def kind_label(self) -> str:
+        """What the peak counts, in a few words: 'CUDA tensors (max_memory_allocated)' or 'CPU memory the call
+        allocated'."""
+        return MEMORY_LABELS.get(self.kind, self.kind)
+
+
+MEMORY_LABELS: dict[str, str] = {
+    "cuda_max_allocated": "CUDA tensors, torch.cuda.max_memory_allocated",
+    "cpu_allocated_during_call": "CPU memory the call allocated, weights not included",
+}
 
 MEMORY_KINDS: dict[str, str] = {
     "cuda_max_allocated": "CUDA caching allocator: torch.cuda.max_memory_allocated() during the call "

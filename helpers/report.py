@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -149,6 +150,24 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                 "note": c.note,
             })
     return pd.DataFrame(out)
+
+
+class Note(str):
+    """A line of text that a notebook displays as it is, without quotes."""
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+def notebook_comparisons(rows: pd.DataFrame, notebook: str,
+                         reference_dir: Path = paths.REFERENCE_DIR) -> pd.DataFrame | Note:
+    """A notebook's comparisons: the compare() table when a row was measured, else one line counting them by reason."""
+    table = compare(rows, notebook, reference_dir)
+    if table.empty:
+        return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
+    if table["measured / published"].notna().any():
+        return table
+    return Note(not_measured_line(table) + " Each published figure is printed beside this run's own above.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,

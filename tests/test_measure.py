@@ -35,6 +35,7 @@ def test_peak_memory_sees_a_large_allocation():
 
     mem, out = measure.peak_memory(allocate, CPU)
     assert out == 1 and mem.kind == "cpu_allocated_during_call" and mem.kind in measure.MEMORY_KINDS
+    assert set(measure.MEMORY_LABELS) == set(measure.MEMORY_KINDS) and "weights not included" in mem.kind_label
     assert 64 * 2**20 <= mem.peak_bytes - mem.baseline_bytes < 65 * 2**20
 
 

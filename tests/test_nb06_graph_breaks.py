@@ -66,7 +66,7 @@ def test_graph_break_rows(tmp_path):
     piped = nb.row("pipeline, fixed compiled transformer")["extra"]
     assert piped["graphs"] == 0 and piped["image_size"] == [128, 128]
     assert set(nb.rows["run_id"]) == {planted["run_id"]}
-    assert "nothing to compare" in nb.text(), "no published figure covers graph breaks"
+    assert "Nothing to compare" in nb.text(), "no published figure covers graph breaks"
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert {"planting the debug code leaves the eager output bit-identical",

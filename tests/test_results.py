@@ -95,6 +95,18 @@ def test_report_marks_smoke_as_not_measured_and_compares_full(session):
     assert t.loc["eager-peak-memory", "verdict"] == "worse than published"
 
 
+def test_a_notebook_shows_its_comparisons_as_one_line_until_one_is_measured():
+    smoke = pd.DataFrame([{"hardware": "cpu", "notebook": "03_torch_compile", "profile": "smoke", "model": "flux-dev",
+                           "scenario": "pipeline eager", "status": "ok", "latency_median_s": 1.0}])
+    line = report.notebook_comparisons(smoke, "03_torch_compile")
+    n = len(report.compare(smoke, "03_torch_compile"))
+    assert isinstance(line, report.Note) and line.startswith(f"{n} of {n} comparisons have no measurement here")
+    assert "smoke profile only" in line
+    measured = report.notebook_comparisons(_compiled_03(1.45), "03_torch_compile")  # a planted full-profile row
+    assert isinstance(measured, pd.DataFrame) and measured["measured / published"].notna().any()
+    assert report.notebook_comparisons(smoke, "11_reproduction_report").startswith("Nothing to compare")
+
+
 @pytest.mark.parametrize("factor, better, expected", [
     (1.1, "higher", "within ±25%"), (2.0, "higher", "better than published"), (0.5, "higher", "worse than published"),
     (2.0, "lower", "worse than published"), (0.5, "lower", "better than published"),
