@@ -65,18 +65,21 @@ def library_versions() -> dict[str, str]:
 _RUN_OUTPUTS: tuple[str, ...] = (":(exclude)data/results", ":(exclude)figures", ":(exclude)README.md")
 
 
-# Set by the GPU run script from .whl/REVISION: the GPU host gets a copy of the working tree without .git.
+# Set by the GPU run script from .whl/REVISION: the GPU host's copy of the tree may carry no .git, or an older one
+# (on 2026-11-26 it named 63970a9b374f+dirty while the tree of c069eed4059b ran), so the bundle's commit wins.
 GIT_REV_ENV = "FASTDIFF_GIT_REV"
 
 
 def git_revision() -> str:
-    """Commit of the project checkout, '+dirty' when tracked code differs from it; outside git, $FASTDIFF_GIT_REV
-    (what the GPU run script read from .whl/REVISION), else 'unknown'.
+    """$FASTDIFF_GIT_REV where set (what the GPU run script read from .whl/REVISION); else the checkout's commit,
+    '+dirty' when tracked code differs from it; outside git, 'unknown'.
 
     What runs write (data/results/, figures/, the README's generated table) does not count as a change: a rerun
     on top of committed results must still name the clean commit it ran."""
+    if os.environ.get(GIT_REV_ENV):
+        return os.environ[GIT_REV_ENV]
     if not (paths.ROOT / ".git").exists():
-        return os.environ.get(GIT_REV_ENV, "unknown")
+        return "unknown"
     try:
         rev = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=paths.ROOT, capture_output=True, text=True,

@@ -117,7 +117,7 @@ def install(wheels: list[Path], site: Path) -> dict[str, str]:
     env["MPLBACKEND"] = "Agg"
     env["PYTHONUNBUFFERED"] = "1"
     env = kernel_env.quiet_progress(env)  # executed copies without stored progress bars
-    if not (ROOT / ".git").exists() and (BUNDLE / "REVISION").exists():
+    if (BUNDLE / "REVISION").exists():  # the commit the bundle was made at; the host's .git may be stale
         env["FASTDIFF_GIT_REV"] = (BUNDLE / "REVISION").read_text().strip()
     kernels = site.parent / f"{site.name}-kernels"
     subprocess.run([sys.executable, "-m", "ipykernel", "install", "--prefix", str(kernels), "--name", "python3"],

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import subprocess
 import tarfile
 
 import pytest
@@ -91,6 +92,16 @@ def test_git_revision_outside_git_comes_from_the_bundle(tmp_path, monkeypatch):
     assert environment.git_revision() == "unknown"
     monkeypatch.setenv(environment.GIT_REV_ENV, "abc123def456")
     assert environment.git_revision() == "abc123def456"
+
+
+def test_git_revision_from_the_bundle_wins_over_a_stale_git(tmp_path, monkeypatch):
+    """The host's copy once carried an older .git: rows named 63970a9b374f+dirty for the tree of c069eed4059b."""
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    monkeypatch.delenv(environment.GIT_REV_ENV, raising=False)
+    assert environment.git_revision() != "c069eed4059b"
+    monkeypatch.setenv(environment.GIT_REV_ENV, "c069eed4059b")
+    assert environment.git_revision() == "c069eed4059b"
 
 
 def test_rows_name_the_cuda_build():
