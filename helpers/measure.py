@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch._C._autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
@@ -245,8 +246,11 @@ def peak_memory(fn: Callable[[], Any], device: torch.device) -> tuple[Memory, An
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
-    """Floating-point operations of one call of fn, counted by torch.utils.flop_counter."""
-    with FlopCounterMode(display=False) as counter:
+    """Floating-point operations of one call of fn, counted by torch.utils.flop_counter, attention included.
+
+    SDPA runs its math backend while counting: the counter has formulas for the fused CUDA kernels but not for the
+    CPU's flash kernel, and the math backend's two matmuls are the same operations on any device."""
+    with sdpa_kernel([SDPBackend.MATH]), FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
 

@@ -57,6 +57,17 @@ def test_flop_count_of_a_matmul():
     assert measure.count_flops(lambda: a @ b) == 2 * 64 * 32 * 16
 
 
+def test_flop_count_includes_attention_on_a_cpu():
+    """Without the math backend the CPU's flash kernel counts 0 (no formula): QK^T and PV are 2 b h s^2 d each."""
+    b, h, s, d = 2, 3, 40, 16
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    attention = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    with torch.utils.flop_counter.FlopCounterMode(display=False) as plain:
+        attention()
+    assert plain.get_total_flops() == 0  # what the count missed before
+    assert measure.count_flops(attention) == 2 * (2 * b * h * s * s * d)
+
+
 def test_check_fraction_of_peak_fails_above_the_peak_and_on_nothing_measured():
     assert measure.check_fraction_of_peak(0.42, peak_is_native=True) == ""
     assert measure.check_fraction_of_peak(1.05, peak_is_native=True) == ""  # inside the noise margin

@@ -71,7 +71,7 @@ def test_nf4_rows(tmp_path):
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     expected = {"the NF4 code book: 16 levels from -1 to 1, one of them 0", "NF4 outputs are finite",
-                "NF4 shrinks the full-size pipeline's weights",
+                "the full-size pipeline's weights in NF4 fit a 16 GB GPU (GiB)",
                 "nf4 compiled: ran without graph breaks, and without recompiles after warm-up",
                 "nf4 compiled: capture_dynamic_output_shape_ops was on in every compile",
                 "nf4 compiled: finite, and closer to eager NF4 than half of NF4's drift"}
