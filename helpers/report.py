@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from helpers import paths
+from helpers import paths, results
 
 GIB = 2**30
 
@@ -102,9 +102,10 @@ def _fmt(value: float | None, kind: str, field: str) -> str:
 
 
 def compare(rows: pd.DataFrame, notebook: str | None = None,
-            reference_dir: Path = paths.REFERENCE_DIR) -> pd.DataFrame:
-    """For every comparison (of one notebook, or all), the published and measured values, factor and verdict."""
-    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
+            reference_dir: Path = paths.REFERENCE_DIR, results_dir: Path = paths.RESULTS_DIR) -> pd.DataFrame:
+    """For every comparison (of one notebook, or all), the published and measured values, factor and verdict, and
+    for a verdict outside its band the cause recorded in gaps.csv beside the rows."""
+    pub, comps, causes = published_numbers(reference_dir), comparisons(reference_dir), gaps(results_dir)
     if notebook:
         comps = comps[comps["notebook"] == notebook]
     out = []
@@ -125,11 +126,11 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                 outcome = f"not measured: {'/'.join(sorted(profiles))} profile only (tiny models)"
             elif c.model not in models:
                 outcome = f"not measured: needs MODEL={c.model}"
-            elif not _hardware_matches(c.hardware_class, hw):
-                outcome = f"not compared: published on {c.hardware_class}, measured on {hw}"
             else:
                 full = mine[(mine["profile"] == "full") & (mine["model"] == c.model)]
                 mval = _measured_value(full, c.measured_scenario, c.measured_field)
+                if not _hardware_matches(c.hardware_class, hw):  # shown, never divided by the published figure
+                    outcome = f"not compared: published on {c.hardware_class}, measured on {hw}"
                 dtype = _measured_dtype(full, c.measured_scenario)
                 if mval is not None and c.dtype and dtype is not None and dtype != c.dtype:
                     mval, outcome = None, f"not compared: measured in {dtype}, published in {c.dtype}"
@@ -138,7 +139,7 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                     mval = None if not base else (base / mval if c.kind == "speedup" else mval / base)
                 if mval is None and not outcome:
                     outcome = "not measured: scenario missing or not ok"
-            factor = mval / pval if mval is not None else None
+            factor = mval / pval if mval is not None and not outcome else None
             if factor is not None:
                 outcome = verdict(factor, float(c.tolerance), c.better)
             out.append({
@@ -147,9 +148,28 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                 "measured": _fmt(mval, c.kind, c.measured_field),
                 "measured / published": None if factor is None else round(factor, 3),
                 "verdict": outcome, "band": f"±{float(c.tolerance):.0%}", "compared on": c.hardware_class,
-                "note": c.note,
+                "note": c.note, "why the gap": _gap_cause(causes, c.id, hw, outcome),
             })
     return pd.DataFrame(out)
+
+
+GAP_UNEXPLAINED = "not explained yet"
+
+
+def gaps(results_dir: Path = paths.RESULTS_DIR) -> pd.DataFrame:
+    """Why a measured figure misses its published band: data/results/gaps.csv (comparison, hardware, cause)."""
+    path = results_dir / "gaps.csv"
+    if not path.exists():
+        return pd.DataFrame(columns=["comparison", "hardware", "cause"])
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def _gap_cause(causes: pd.DataFrame, comparison: str, hardware: str, outcome: str) -> str:
+    """The recorded cause of a verdict outside its band, 'not explained yet' where none is, '' inside the band."""
+    if not outcome.endswith("than published"):
+        return ""
+    hit = causes[(causes["comparison"] == comparison) & (causes["hardware"] == hardware)]["cause"]
+    return hit.iloc[0] if len(hit) else GAP_UNEXPLAINED
 
 
 class Note(str):
@@ -165,16 +185,18 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
     table = compare(rows, notebook, reference_dir)
     if table.empty:
         return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
-    if table["measured / published"].notna().any():
+    if (table["measured"] != "—").any():
         return table
     return Note(not_measured_line(table) + " Each published figure is printed beside this run's own above.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
-                   reference_dir: Path = paths.REFERENCE_DIR, model: str | None = None) -> str:
+                   reference_dir: Path = paths.REFERENCE_DIR, model: str | None = None,
+                   results_dir: Path = paths.RESULTS_DIR) -> str:
     """One line setting this run's figure beside the published one of a comparison (comparisons.csv id): what this
     run measured and on what, then the published figure, its hardware and source; a figure the smoke profile or
-    another hardware class cannot compare is said to be no comparison, in the same line."""
+    another hardware class cannot compare is said to be no comparison, in the same line; off the full profile, the
+    project's own committed GPU figure follows (project_figure)."""
     pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
     hit = comps[comps["id"] == comparison_id]
     if len(hit) != 1:
@@ -196,8 +218,32 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
         status = "compared in the table below"
     row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
     published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
+    ours = "" if profile == "full" else project_figure(comparison_id, reference_dir, results_dir)
     return (f"{what}: this run ({hardware}, {profile} profile) {mine} ({status}); published: "
-            f"{_fmt(pval, c.kind, c.measured_field)} for {c.model} on {published_hw} ({c.published_source})")
+            f"{_fmt(pval, c.kind, c.measured_field)} for {c.model} on {published_hw} ({c.published_source})"
+            + (f"; {ours}" if ours else ""))
+
+
+def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
+                   results_dir: Path = paths.RESULTS_DIR) -> str:
+    """The project's own committed full-profile figures of a comparison, one phrase per GPU ('measured by this
+    project: 1.31x on h200 (2026-11-26), within ±15%'), or '' where none is committed."""
+    rows = results.read_rows(results_dir)
+    if rows.empty or "profile" not in rows:
+        return ""
+    comps = comparisons(reference_dir)
+    notebook = comps.loc[comps["id"] == comparison_id, "notebook"].iloc[0]
+    full = rows[(rows["profile"] == "full") & (rows["notebook"] == notebook)]
+    if full.empty:
+        return ""
+    table = compare(full, notebook, reference_dir, results_dir)
+    table = table[(table["comparison"] == comparison_id) & (table["measured"] != "—")]
+    phrases = []
+    for t in table.to_dict("records"):
+        day = str(full.loc[full["hardware"] == t["hardware"], "timestamp"].max())[:10]
+        gap = f" ({t['why the gap']})" if t["why the gap"] else ""
+        phrases.append(f"{t['measured']} on {t['hardware']} ({day}), {t['verdict']}{gap}")
+    return ("measured by this project: " + "; ".join(phrases)) if phrases else ""
 
 
 def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,
@@ -337,7 +383,7 @@ def markdown(df: pd.DataFrame) -> str:
 
 def not_measured_line(group: pd.DataFrame) -> str:
     """One line counting the comparisons of a compare() table (one hardware) that have no measurement, by reason."""
-    left = group[group["measured / published"].isna()]
+    left = group[group["measured"] == "—"]
     if left.empty:
         return ""
     reasons = left["verdict"].value_counts()
@@ -401,11 +447,14 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
     if table["measured / published"].notna().any():
         parts.append(READING_GUIDE)
     for hw, group in table.groupby("hardware", sort=True):
-        measured = group[group["measured / published"].notna()]
+        measured = group[group["measured"] != "—"]
+        compared = int(group["measured / published"].notna().sum())
         text = f"### {hw}\n\n"
         if not measured.empty:
-            text += (f"{len(measured)} of {len(group)} comparisons with published figures measured here:\n\n"
-                     + markdown(measured.drop(columns=["hardware"])) + "\n\n")
+            also = (f"; {len(measured) - compared} more measured, not compared (published on another GPU class)"
+                    if len(measured) > compared else "")
+            text += (f"{compared} of {len(group)} comparisons with published figures measured and compared "
+                     f"here{also}:\n\n" + markdown(measured.drop(columns=["hardware"])) + "\n\n")
         parts.append(text + not_measured_line(group))
     if covered is not None and not covered.empty:
         left = int((covered["compared in"] == "").sum())

@@ -118,16 +118,23 @@ def test_report_on_gpu_fixture(tmp_path):
 def test_brief_summary_lists_measured_comparisons_and_counts_the_rest():
     """Unit test of report.summary_markdown(brief=True) on planted compare() tables, no notebook run."""
     table = pd.DataFrame([
-        {"hardware": "h100", "comparison": "a", "measured / published": 1.02, "verdict": "within ±15%"},
-        {"hardware": "h100", "comparison": "b", "measured / published": None, "verdict": "not measured: no rows"},
-        {"hardware": "h100", "comparison": "c", "measured / published": None, "verdict": "not measured: no rows"},
-        {"hardware": "cpu", "comparison": "a", "measured / published": None,
+        {"hardware": "h100", "comparison": "a", "measured": "1.53x", "measured / published": 1.02,
+         "verdict": "within ±15%"},
+        {"hardware": "h100", "comparison": "b", "measured": "—", "measured / published": None,
+         "verdict": "not measured: no rows"},
+        {"hardware": "h100", "comparison": "c", "measured": "—", "measured / published": None,
+         "verdict": "not measured: no rows"},
+        {"hardware": "h100", "comparison": "d", "measured": "5.10 s", "measured / published": None,
+         "verdict": "not compared: published on H200, measured on h100"},
+        {"hardware": "cpu", "comparison": "a", "measured": "—", "measured / published": None,
          "verdict": "not measured: smoke profile only (tiny models)"}])
     assert report.not_measured_line(table[table["hardware"] == "h100"]) == (
-        "2 of 3 comparisons have no measurement here: 2 not measured: no rows.")
+        "2 of 4 comparisons have no measurement here: 2 not measured: no rows.")
     assert report.not_measured_line(table[table["comparison"] == "a"].iloc[:1]) == ""
     text = report.summary_markdown(table, pd.DataFrame(), generated_by="t", brief=True, full_report="r.md")
-    assert "| a | 1.02 | within ±15% |" in text and "| b |" not in text and "`r.md`" in text
+    assert "| a | 1.53x | 1.02 | within ±15% |" in text and "| b |" not in text and "`r.md`" in text
+    assert "| d | 5.10 s | — | not compared" in text  # measured on another GPU class: shown, not divided
+    assert "1 of 4 comparisons with published figures measured and compared here; 1 more measured, not compared" in text
     assert "1 of 1 comparisons have no measurement here: 1 not measured: smoke profile only" in text
     assert report.READING_GUIDE in text
     only_cpu = report.summary_markdown(table[table["hardware"] == "cpu"], pd.DataFrame(), generated_by="t",
