@@ -116,6 +116,9 @@ def install(wheels: list[Path], site: Path) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env["MPLBACKEND"] = "Agg"
     env["PYTHONUNBUFFERED"] = "1"
+    # --no-compile leaves the bundle without .pyc, so Python compiles torchao on import and prints its
+    # "invalid escape sequence" SyntaxWarnings into every executed copy (seen on the H200, 2026-11-26)
+    env["PYTHONWARNINGS"] = ",".join(w for w in [env.get("PYTHONWARNINGS"), "ignore::SyntaxWarning"] if w)
     env = kernel_env.quiet_progress(env)  # executed copies without stored progress bars
     if (BUNDLE / "REVISION").exists():  # the commit the bundle was made at; the host's .git may be stale
         env["FASTDIFF_GIT_REV"] = (BUNDLE / "REVISION").read_text().strip()
