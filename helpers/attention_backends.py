@@ -71,7 +71,7 @@ def skip_reason(backend: str, device: torch.device, dtype: torch.dtype, head_dim
         missing = str(err).strip().splitlines()[0].rstrip(".")
     if hub_repo(backend):
         return (f"downloads its kernel ({hub_repo(backend)}) from the Hugging Face Hub at run time: needs network, "
-                f"which this collection never uses (the GPU hosts have none), and the `kernels` package"
+                f"which the notebooks never use at run time (the project's GPU machines have none), and the `kernels` package"
                 f"{' (not installed)' if missing else ''}")
     if missing:
         return missing

@@ -126,7 +126,7 @@ def resolve_degree(degree: Any, profile: str, available: int, what: str) -> tupl
     wanted = 2 if profile == "smoke" else available
     if wanted < 2 or available < 2:
         return None, (f"context parallelism needs 2 or more {what.split(' ')[0]}; this machine has {available} "
-                      f"(the GPU hosts this project uses have one GPU each)")
+                      f"(the GPU machines lent to this project have one GPU each)")
     return wanted, f"{profile} profile: {wanted} {what}"
 
 

@@ -377,10 +377,12 @@ def nf4_pipeline_on_cpu(pipeline_class: Any, source: str | Path, quant_config: A
             path = (f"diffusers BnB4BitDiffusersQuantizer steps (preprocess_model -> create_quantized_param -> "
                     f"postprocess_model); from_pretrained refused with {reason!r}")
         if device.type == "cpu":
+            nf4 = sum(type(m).__name__ == "Linear4bit" for m in model.modules())
             narrow = generic_cpu_path_for_narrow_layers(model)
-            path += f"; {narrow} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
+            path += f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
             routed = decode_by_format(model)
-            path += f"; {len(routed)} NF4 layers decoded by the format (CPU kernel misdecodes them)" if routed else ""
+            path += (f"; {len(routed)} of {nf4} NF4 layers decoded by the format (CPU kernel misdecodes them)"
+                     if routed else "")
         loaded[name], paths[name] = model, path
     pipe = pipeline_class.from_pretrained(source, dtype=dtype, **loaded).to(device)
     return pipe, paths

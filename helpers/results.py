@@ -17,7 +17,7 @@ import pandas as pd
 
 from helpers import paths
 from helpers.environment import EnvironmentCard
-from helpers.measure import Memory, Timing
+from helpers.measure import MEMORY_LABELS, Memory, Timing
 from helpers.params import Run
 
 SCHEMA_VERSION = 1
@@ -195,7 +195,8 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
     peak = df["peak_memory_bytes"].astype(float)
     unit, scale = ("GiB", 2**30) if peak.max() >= 2**30 else ("MiB", 2**20)  # 3.7 MiB, not 0.003706 GiB
     kinds = sorted(set(df["memory_kind"].dropna())) if "memory_kind" in df else []
-    out[f"peak memory ({unit}{'; ' + ', '.join(kinds) if kinds else ''})"] = peak / scale
+    labels = [MEMORY_LABELS.get(k, k) for k in kinds]  # 'CPU memory the call allocated, ...', not the raw key
+    out[f"peak memory ({unit}{'; ' + '; '.join(labels) if labels else ''})"] = peak / scale
     out["compile (s)"] = df["compile_s"]
     for col in ("recompiles", "graph_breaks"):
         if df[col].notna().any():

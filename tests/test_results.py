@@ -262,9 +262,9 @@ def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
                               "peak_memory_bytes": peak, "memory_kind": "cuda_max_allocated", "compile_s": None,
                               "recompiles": None, "graph_breaks": None, "reason": ""}])
     small = results.rows_table(rows(3.7 * 2**20))
-    assert small["peak memory (MiB; cuda_max_allocated)"].iloc[0] == pytest.approx(3.7)
+    assert small["peak memory (MiB; CUDA tensors, torch.cuda.max_memory_allocated)"].iloc[0] == pytest.approx(3.7)
     large = results.rows_table(rows(22.5 * 2**30))
-    assert large["peak memory (GiB; cuda_max_allocated)"].iloc[0] == pytest.approx(22.5)
+    assert large["peak memory (GiB; CUDA tensors, torch.cuda.max_memory_allocated)"].iloc[0] == pytest.approx(22.5)
 
 
 def test_published_line_sets_this_run_beside_the_published_figure(tmp_path):
