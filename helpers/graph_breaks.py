@@ -228,11 +228,13 @@ def kinds_found(reasons: list[str]) -> dict[str, int]:
 
 
 def hints(log_lines: list[str]) -> list[str]:
-    """The distinct 'Hint:' lines of a graph_breaks log, in the order they first appear."""
+    """The distinct 'Hint:' lines of a graph_breaks log, in the order they first appear; a line may carry the
+    logger's prefix (level, time, process, source line, then '[__graph_breaks]'), as TORCH_LOGS writes it."""
     seen: dict[str, None] = {}
     for line in log_lines:
-        if line.strip().startswith("Hint:"):
-            seen.setdefault(line.strip(), None)
+        text = line.split("[__graph_breaks]")[-1].strip()
+        if text.startswith("Hint:"):
+            seen.setdefault(text, None)
     return list(seen)
 
 

@@ -163,6 +163,9 @@ def test_fix_problems_names_planted_wrong_counts():
 def test_hints_and_compare_medians():
     log = ["Graph break", "  Hint: use torch.where", "x", "  Hint: use torch.where", "  Hint: capture"]
     assert graph_breaks.hints(log) == ["Hint: use torch.where", "Hint: capture"]
+    prefix = "V1125 06:24:12.140000 1656 torch/_dynamo/symbolic_convert.py:5124] [0/0] [__graph_breaks]"
+    logged = [f"{prefix} Graph break", f"{prefix}   Hint: use torch.where", f"{prefix}   Hint: use torch.where"]
+    assert graph_breaks.hints(logged) == ["Hint: use torch.where"]  # as TORCH_LOGS writes them (06 printed none)
     t = types.SimpleNamespace
     fast, slow, noisy = t(median_s=0.08, spread_s=0.005), t(median_s=0.10, spread_s=0.004), t(median_s=0.10, spread_s=0.05)
     assert measure.compare_medians(fast, slow, "A", "B").startswith("A is faster than B")

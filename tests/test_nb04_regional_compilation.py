@@ -107,7 +107,11 @@ def test_regional_compilation_rows(tmp_path):
         "cold first calls: (cache hits, misses) of full, regional",
         "regional cold compile is faster than full (full / regional)",
         "regional, per step: (compiled regions, guard checks, any eager op)",
-        "warm from the cache dir: (kernels built, first call warm / cold)"} <= set(claims), sorted(claims)
+        "warm from the cache dir: (kernels built, first call warm / cold)",
+        "pipe(prompt=...) on the regionally compiled denoiser compiles the block graphs and no other"} <= set(claims), \
+        sorted(claims)
+    assert claims["pipe(prompt=...) on the regionally compiled denoiser compiles the block graphs and no other"][
+        "measured"] == "3"  # one double-stream graph, two single-stream (the stride layouts of section 1)
 
 
 @pytest.mark.parametrize(("knob", "value", "message"), [
