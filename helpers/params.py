@@ -117,6 +117,14 @@ def check_positive_ints(name: str, values: Iterable[Any], multiple_of: int = 1) 
     return values
 
 
+def check_nonnegative_numbers(name: str, values: Iterable[Any]) -> list[float]:
+    """Return values as a non-empty list of numbers >= 0 (ints or floats, not bools), else raise naming the parameter."""
+    values = list(values)
+    if not values or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ParameterError(f"{name}={values!r} must be a non-empty list of numbers >= 0, e.g. [0.0, 0.1]")
+    return values
+
+
 def check_positive_int(name: str, value: Any) -> int:
     """Return value if it is a positive int (not a bool), else raise naming the parameter."""
     if not _is_positive_int(value):

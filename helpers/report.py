@@ -509,7 +509,7 @@ def factor_figure(table: pd.DataFrame, tolerance: dict[str, float], hardware: st
     ax.set_yticks(range(len(group)), group["comparison"])
     ax.invert_yaxis()
     ax.set_xlabel("measured / published (1 = as published; shaded: tolerance band)")
-    ax.set_title(f"Published vs measured on {hardware}" + (f" ({left} more not measured)" if left else ""))
+    ax.set_title(f"Published vs measured on {hardware}" + (f" ({left} more without a factor)" if left else ""))
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig

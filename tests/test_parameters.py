@@ -46,6 +46,10 @@ def test_list_knobs():
         params.check_subset("MODES", ["turbo"], ["default", "max-autotune"])
     with pytest.raises(params.ParameterError, match="positive integers$"):
         params.check_positive_ints("RANKS", [4, True])  # a bool is not a rank
+    assert params.check_nonnegative_numbers("THRESHOLDS", [0, 0.1]) == [0, 0.1]
+    for bad in ([], [-0.1], [0.1, "0.2"], [False]):
+        with pytest.raises(params.ParameterError, match=r"THRESHOLDS=.* numbers >= 0"):
+            params.check_nonnegative_numbers("THRESHOLDS", bad)
 
 
 def test_scalar_knobs():
