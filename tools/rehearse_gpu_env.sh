@@ -12,6 +12,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-gpu
 PY312=${PY312:-$(command -v python3.12 || true)}
+if [ -n "$PY312" ] && ! "$PY312" -c "" 2>/dev/null; then PY312=""; fi  # a pyenv shim without 3.12 selected
+if [ -z "$PY312" ]; then  # pyenv's own 3.12, when no python3.12 is on PATH
+  PY312=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null | tail -1 || true)
+fi
 if [ -z "$PY312" ]; then
   echo "rehearse-gpu-env: needs python3.12 (the GPU host's Python); set PY312=/path/to/python3.12" >&2; exit 2
 fi
