@@ -377,7 +377,7 @@ def nf4_pipeline_on_cpu(pipeline_class: Any, source: str | Path, quant_config: A
             path = (f"diffusers BnB4BitDiffusersQuantizer steps (preprocess_model -> create_quantized_param -> "
                     f"postprocess_model); from_pretrained refused with {reason!r}")
         if device.type == "cpu":
-            nf4 = sum(type(m).__name__ == "Linear4bit" for m in model.modules())
+            nf4 = len(linear4bit_names(model))
             narrow = generic_cpu_path_for_narrow_layers(model)
             path += f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
             routed = decode_by_format(model)
