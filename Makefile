@@ -48,9 +48,10 @@ gpu-bundle: venv
 	$(PY) tools/gpu_bundle.py
 
 ## make rehearse-gpu-env: the GPU host's environment (Python 3.12, torch 2.11 + the bundle) rebuilt on this CPU,
-## then group G1 run through tools/gpu_run.sh on the smoke profile. Must pass before a GPU run; not in make test.
+## then group G1 run through tools/gpu_run.sh on the smoke profile (GROUPS="G5a G5b" or GROUPS=all for others).
+## Must pass before a GPU run; not in make test.
 rehearse-gpu-env: gpu-bundle
-	bash tools/rehearse_gpu_env.sh
+	GROUPS="$(GROUPS)" bash tools/rehearse_gpu_env.sh
 
 ## make lab: JupyterLab on the notebooks, with the project's kernel (python3, registered in .venv by venv);
 ## `-m jupyterlab` so it is .venv's JupyterLab, not a jupyter-lab found first on PATH; as root, --allow-root.

@@ -51,21 +51,17 @@ class Job:
         return self.notebook + "".join(f".{v}" for v in variant.values())
 
 
-# Priority order; docs/gpu-plan.md gives each estimate's basis (published seconds and FLOPs) and the comparisons
-# each group answers. A reduced full-profile setting is always a notebook parameter, so it lands in the rows
-# (steps, warm-up, samples, knobs) and in the executed notebook's injected-parameters cell.
+# Priority order: after G1 and G2, the groups that answer the most published comparisons first (G5a + G5b: eleven;
+# G6a + G3b: five; G8: three; G4b: two), then those that check claims on the full profile without one. Two commands
+# fit a 15-minute lease: LEASES below pairs them. Group names stay as first planned: the rows and notes of
+# earlier runs name them. docs/gpu-plan-estimates.md gives each estimate's basis (published seconds and FLOPs).
+# A reduced full-profile setting is always a notebook parameter, so it lands in the rows (steps, warm-up, samples,
+# knobs) and in the executed notebook's injected-parameters cell.
 GROUPS: dict[str, list[Job]] = {
     # 03 times eager beside every compiled mode (7 more eager pipelines per mode, ~50 s); 04 runs a fifth process
     # that compiles both ways from warm caches and times eager/full/regional in turn (~80 s)
     "G1": [Job("00_setup_and_baseline", 90), Job("03_torch_compile", 360, {"MODES": ["default"]})],  # H200: 84 s, 350 s
     "G2": [Job("04_regional_compilation", 360)],  # 319 s measured on an H200 before its pipe(...) cell
-    "G3a": [Job("05_dynamic_shapes", 400)],
-    # Flux's 01 waits for a knob that skips fp32 pipelines; 02 gained a batch sweep and an fp32/fp16 section, so
-    # its SDXL run moved here beside 01's
-    "G3b": [Job("01_dtype", 180, {"MODEL": "sdxl"}), Job("02_attention_sdpa", 155, {"MODEL": "sdxl"})],
-    "G3c": [Job("02_attention_sdpa", 360)],
-    "G4a": [Job("06_graph_breaks", 200), Job("07_scheduler_syncs", 200, {"STEPS": 10})],
-    "G4b": [Job("10_lora_hotswap", 410)],
     "G5a": [Job("08_cpu_offload", 300, {"OFFLOAD_MODES": ["model"], "OFFLOAD_REPEATS": 1})],
     "G5b": [Job("09_nf4_quantization", 450, {"REPEATS": 3, "WARMUP": 1})],
     # 12, not timed on a GPU yet: each stage builds the pipeline and compiles the 12B DiT anew (~70 s cold, less
@@ -73,17 +69,32 @@ GROUPS: dict[str, list[Job]] = {
     # package are the long ones, so they get a command of their own
     "G6a": [Job("12_maximum_speed", 500, {"LEVERS": ["cudnn-attention", "compile", "fused-qkv", "fp8"],
                                           "REPEATS": 3, "WARMUP": 1})],
-    "G6b": [Job("12_maximum_speed", 520, {"LEVERS": ["cudnn-attention", "compile", "fused-qkv", "fp8", "aoti"],
-                                          "REPEATS": 2, "WARMUP": 1})],
-    # 13 on one GPU: the split rows are recorded as skipped (the hosts have one GPU each); it builds Flux-1-Dev and
-    # times the single-GPU step the scaling model needs (not timed on a GPU yet)
-    "G7": [Job("13_beyond_one_gpu", 200)],
+    # Flux's 01 runs in G3d; 02 gained a batch sweep and an fp32/fp16 section, so its SDXL run moved here beside 01's
+    "G3b": [Job("01_dtype", 180, {"MODEL": "sdxl"}), Job("02_attention_sdpa", 155, {"MODEL": "sdxl"})],
     # 14, not timed on a GPU yet: two threshold caches at three thresholds, three step counts and two timed calls per
     # setting keep it in one command; the waterfall compiles the 12B DiT's blocks and recompiles them per lever
     # (docs/gpu-plan-estimates.md, G8)
     "G8": [Job("14_caching_attention_steps", 470, {"CACHES": ["first-block", "mag"], "THRESHOLDS": [0.0, 0.1, 0.2],
                                                    "STEP_COUNTS": [28, 12, 4], "REPEATS": 2, "WARMUP": 0})],
+    "G3c": [Job("02_attention_sdpa", 360)],
+    "G4b": [Job("10_lora_hotswap", 410)],
+    "G3a": [Job("05_dynamic_shapes", 400)],
+    "G6b": [Job("12_maximum_speed", 520, {"LEVERS": ["cudnn-attention", "compile", "fused-qkv", "fp8", "aoti"],
+                                          "REPEATS": 2, "WARMUP": 1})],
+    # 13 on one GPU: the split rows are recorded as skipped (the hosts have one GPU each); it builds Flux-1-Dev and
+    # times the single-GPU step the scaling model needs (not timed on a GPU yet)
+    "G7": [Job("13_beyond_one_gpu", 200)],
+    "G4a": [Job("06_graph_breaks", 200), Job("07_scheduler_syncs", 200, {"STEPS": 10})],
+    # 01 on Flux: an fp32 image is ~71 s on an H100's CUDA cores (estimate), and the profile's timing makes eight;
+    # one timed call after the reference (which warms the fp32 path) keeps it to ~3 fp32 images
+    "G3d": [Job("01_dtype", 380, {"REPEATS": 1, "WARMUP": 0})],
 }
+
+# The commands of one lease, in the order they are run: a lease holds 900 s of device time, about 35 s of it the
+# machine's start, so the estimates of its commands sum to at most LEASE_S (docs/gpu-plan.md, "The leases")
+LEASE_S = 840
+LEASES: list[tuple[str, ...]] = [("G1", "G2"), ("G5a", "G5b"), ("G6a", "G3b"), ("G8", "G3c"), ("G4b", "G3a"),
+                                 ("G6b", "G7"), ("G4a", "G3d")]
 
 
 class UsageError(ValueError):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,23 +61,35 @@ def _where(frame: Any) -> str:
     return f"{frame.name} ({Path(frame.filename).name}:{frame.lineno})"
 
 
+WONT_CONVERT = re.compile(r"WON'T CONVERT (?P<name>\S+) (?P<file>.+?) line \d+")
+
+
 @contextlib.contextmanager
 def graph_break_logs() -> Iterator[tuple[list[str], list[str]]]:
     """Capture what TORCH_LOGS="graph_breaks" prints (lines), and the frames dynamo gave up on, while the block runs.
 
     A frame is given up when tracing it raised and dynamo fell back to running it eagerly; dynamo's
-    convert_frame logger says so at debug level ("skipping: <name> (reason: an error was suppressed ...)")."""
+    convert_frame logger says so at info level ("WON'T CONVERT <name> <file> line <n>", torch 2.11 and 2.13) and,
+    since torch 2.13, at debug level too ("skipping: <name> (reason: an error was suppressed ...)")."""
     lines: list[str] = []
     given_up: list[str] = []
+
+    def give_up(name: str, filename: str) -> None:
+        frame = f"{name} ({Path(filename).name})"
+        if frame not in given_up:
+            given_up.append(frame)
 
     class _Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             if "graph_breaks" in record.name:
                 lines.extend(record.getMessage().splitlines())
-            elif (record.name.endswith("convert_frame") and isinstance(record.args, tuple)
-                  and len(record.args) == 3 and "error was suppressed" in str(record.args[1])):
-                name, _, filename = record.args
-                given_up.append(f"{name} ({Path(str(filename)).name})")
+            elif not record.name.endswith("convert_frame"):
+                return
+            elif won_t := WONT_CONVERT.match(str(record.msg)):
+                give_up(won_t["name"], won_t["file"])
+            elif (isinstance(record.args, tuple) and len(record.args) == 3
+                  and "error was suppressed" in str(record.args[1])):
+                give_up(str(record.args[0]), str(record.args[2]))
 
     torch._logging.set_logs(graph_breaks=True)
     target = logging.getLogger("torch._dynamo")

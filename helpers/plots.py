@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -45,19 +46,38 @@ def save_image(image: Any, run: Run, hardware: str, name: str) -> Path:
     return path
 
 
+LONG_LABEL = 16  # characters: longer category labels turn the chart on its side, where they read level
+WRAP = 34  # characters per line of a category label on a sideways chart
+
+
 def bars(labels: Sequence[str], values: Sequence[float], *, title: str, xlabel: str, ylabel: str,
          errors: Sequence[float] | None = None, note: str = "") -> plt.Figure:
-    """A labelled bar chart (optionally with error bars) with the value printed on each bar."""
+    """A labelled bar chart (optionally with error bars) with the value printed on each bar; drawn sideways, with
+    wrapped labels, when a label is longer than LONG_LABEL. xlabel names the categories, ylabel the values."""
     check_labels(title, xlabel, ylabel)
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
-    bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
-    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right")
+    sideways = any(len(str(label)) > LONG_LABEL for label in labels)
+    if sideways:
+        wrapped = [textwrap.fill(str(label), WRAP, break_on_hyphens=False) for label in labels]
+        height = 1.2 + 0.28 * sum(w.count("\n") + 1 for w in wrapped) + 0.2 * len(labels)
+        fig, ax = plt.subplots(figsize=(7, max(2.6, height)))
+        bars_ = ax.barh(range(len(labels)), values, xerr=errors, capsize=4, color="#4C72B0")
+        ax.set_yticks(range(len(labels)), wrapped, fontsize=9)
+        ax.invert_yaxis()  # the first label on top, as it reads in a table
+        ax.set_xlabel(ylabel)
+        ax.set_ylabel(xlabel)
+        ax.margins(x=0.18)
+        ax.grid(axis="x", alpha=0.3)
+    else:
+        fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(labels) + 2), 3.6))
+        bars_ = ax.bar(range(len(labels)), values, yerr=errors, capsize=4, color="#4C72B0")
+        ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 4 else 0,
+                      ha="right" if len(labels) > 4 else "center")
+        ax.set_ylabel(ylabel)
+        ax.set_xlabel(xlabel)
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
-    ax.set_ylabel(ylabel)
-    ax.set_xlabel(xlabel)
-    ax.bar_label(bars_, fmt="%.3g", padding=2, fontsize=8)
-    ax.margins(y=0.15)
-    ax.grid(axis="y", alpha=0.3)
+    ax.bar_label(bars_, fmt="%.3g", padding=4 if sideways else 2, fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -4,9 +4,9 @@ The smoke profile's Flux is trained on scikit-learn's `digits` (8x8, upsampled t
 tools/train_smoke.py). A small MLP trained on the same digits, shipped in data/models/digit-classifier/, reads a
 generated image reduced back to 8x8: `recognized` is the share read as the prompted digit (the CLIP-score
 analogue), `frechet_distance` compares its feature statistics with those of the real digits (the FID analogue).
-`psnr` and `ssim` (torchmetrics) compare an image with the reference image of the same seed and prompt, the
-anchors' way of judging a lossy lever against bf16. scikit-learn and torchmetrics are imported inside the
-functions that need them, so importing this module needs neither.
+`psnr` (plain torch) and `ssim` (torchmetrics) compare an image with the reference image of the same seed and
+prompt, the anchors' way of judging a lossy lever against bf16. scikit-learn and torchmetrics are imported inside
+the functions that need them, so importing this module needs neither.
 """
 
 from __future__ import annotations
@@ -223,13 +223,13 @@ def frechet_distance(images: Images, reference: Images | None = None, folder: Pa
 
 
 def psnr(image: Images, reference: Images) -> float:
-    """Peak signal-to-noise ratio in dB of image against reference (torchmetrics, data range 1): inf if equal."""
-    from torchmetrics.functional.image import peak_signal_noise_ratio
-
-    a, b = as_batch(image), as_batch(reference)
-    if torch.equal(a, b):
-        return math.inf
-    return float(peak_signal_noise_ratio(a, b, data_range=1.0))
+    """Peak signal-to-noise ratio in dB of image against reference, data range 1, over the whole batch (torchmetrics'
+    definition, in plain torch, so a GPU host without torchmetrics computes it too): inf if equal."""
+    a, b = as_batch(image).double(), as_batch(reference).double()
+    if a.shape != b.shape:
+        raise ValueError(f"psnr: image batch {tuple(a.shape)} and reference batch {tuple(b.shape)} differ in shape")
+    mse = float(((a - b) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def ssim(image: Images, reference: Images) -> float:

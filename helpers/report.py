@@ -315,6 +315,11 @@ def key_latencies(rows: pd.DataFrame) -> pd.DataFrame:
     return out.set_axis(cols, axis=1).sort_values(cols[:6]).reset_index(drop=True)
 
 
+def timed_unit(scenario: str) -> str:
+    """What a latency row's seconds are for: 'denoiser step' where its scenario names a step, else 'image'."""
+    return "denoiser step" if "step" in scenario.split() else "image"
+
+
 def latency_scenarios(reference_dir: Path = paths.REFERENCE_DIR) -> set[str]:
     """The scenarios whose latency some comparison reads (not those it reads compile seconds or memory from)."""
     comps = comparisons(reference_dir)

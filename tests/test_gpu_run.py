@@ -50,6 +50,30 @@ def test_groups_cover_notebooks_00_to_10_and_fit_the_slot():
     assert sum(j.estimate_s for j in gpu_run.GROUPS["G1"] * 3) > gpu_run.BUDGET_S
 
 
+def lease_sums(leases, groups):
+    return {lease: sum(j.estimate_s for g in lease for j in groups[g]) for lease in leases}
+
+
+def test_leases_run_every_group_once_in_priority_order_and_fit_a_lease():
+    order = [g for lease in gpu_run.LEASES for g in lease]
+    assert order == list(gpu_run.GROUPS), "LEASES must name every group once, in GROUPS' priority order"
+    over = {lease: s for lease, s in lease_sums(gpu_run.LEASES, gpu_run.GROUPS).items() if s > gpu_run.LEASE_S}
+    assert not over, f"estimated past a lease's {gpu_run.LEASE_S} s: {over}"
+    # a planted pairing of the two longest groups is caught by the same check
+    assert lease_sums([("G6a", "G6b")], gpu_run.GROUPS)[("G6a", "G6b")] > gpu_run.LEASE_S
+
+
+def test_the_plan_lists_the_leases_as_the_code_runs_them():
+    """docs/gpu-plan.md's lease table names the same commands, in the same order, as LEASES."""
+    text = (paths.ROOT / "docs" / "gpu-plan.md").read_text()
+    table = text.split("## The leases")[1].split("\n## ")[0]
+    listed = [tuple(g.strip() for g in line.split("|")[2].split(","))
+              for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert listed == gpu_run.LEASES
+    for group in gpu_run.GROUPS:
+        assert f"\n| {group} | " in text, f"{group} has no row in the plan's group table"
+
+
 def test_group_parameters_are_the_notebooks_own():
     """Every override a group passes is a parameter of that notebook (papermill would silently add a new one)."""
     for jobs in gpu_run.GROUPS.values():

@@ -218,3 +218,22 @@ def test_automatic_dynamic_shapes_is_why_a_third_shape_compiles_nothing():
 
     default, static_only = graphs_per_shape(True), graphs_per_shape(False)
     assert default == {8: 1, 6: 1, 4: 0} and static_only == {8: 1, 6: 1, 4: 1}
+
+
+@pytest.mark.parametrize("msg, args, given_up", [
+    # torch 2.11 and 2.13 at info level (the message comes preformatted)
+    ("WON'T CONVERT forward /x/diffusers/transformer_flux.py line 612 \ndue to: \nTraceback ...", (),
+     ["forward (transformer_flux.py)"]),
+    # torch 2.13 at debug level
+    ("skipping: %s (reason: %s, file: %s)", ("forward", "an error was suppressed during compilation",
+                                             "/x/transformer_flux.py"), ["forward (transformer_flux.py)"]),
+    # planted: a frame skipped for another reason is not given up
+    ("skipping: %s (reason: %s, file: %s)", ("forward", "in skipfiles", "/x/transformer_flux.py"), []),
+    ("torchdynamo start compiling %s %s:%s", ("forward", "/x/transformer_flux.py", 612), []),
+])
+def test_given_up_frames_are_read_from_either_torch_versions_message(msg, args, given_up):
+    with graph_breaks.graph_break_logs() as (_, found):
+        logger = logging.getLogger("torch._dynamo.convert_frame")
+        for _ in range(2):  # the same frame twice is one frame given up
+            logger.handle(logger.makeRecord(logger.name, logging.INFO, __file__, 0, msg, args, None))
+    assert found == given_up

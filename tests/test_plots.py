@@ -35,3 +35,24 @@ def test_save_image_writes_a_png(tmp_path):
     run = params.resolve("00_x", PROFILE="smoke", FIGURES_DIR=str(tmp_path))
     path = plots.save_image(Image.new("RGB", (8, 4), "white"), run, "cpu", "grid")
     assert path == tmp_path / "cpu" / "00_x_grid.png" and Image.open(path).size == (8, 4)
+
+
+def test_long_labels_turn_the_bars_sideways_with_every_label_inside_the_figure():
+    """A label longer than LONG_LABEL reads level on a sideways chart, wrapped, and nothing is cut at the edge."""
+    labels = ["eager", "compiled (default, no precision-cast emulation)", "compiled (default)"]
+    fig = plots.bars(labels, [5.07, 3.87, 4.28], title="Whole pipeline latency", xlabel="setting",
+                     ylabel="seconds per image (median)")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "seconds per image (median)" and ax.get_ylabel() == "setting"
+    ticks = [t.get_text() for t in ax.get_yticklabels()]
+    assert [t.replace("\n", " ") for t in ticks] == labels and max(len(x) for t in ticks for x in t.split("\n")) \
+        <= plots.WRAP
+    fig.canvas.draw()
+    box = fig.bbox
+    for text in ax.get_yticklabels() + [ax.title, ax.xaxis.label, ax.yaxis.label]:
+        inner = text.get_window_extent()
+        assert inner.x0 >= box.x0 - 1 and inner.x1 <= box.x1 + 1 and inner.y0 >= box.y0 - 1 \
+            and inner.y1 <= box.y1 + 1, f"{text.get_text()!r} is cut at the figure's edge"
+    # short labels stay upright
+    upright = plots.bars(["a", "b"], [1.0, 2.0], title="T", xlabel="setting", ylabel="latency (s)").axes[0]
+    assert [t.get_text() for t in upright.get_xticklabels()] == ["a", "b"]

@@ -35,6 +35,20 @@ def test_noised_image_scores_lower(digits):
     assert quality.ssim(strong, ref) < quality.ssim(slight, ref) < 1.0
 
 
+def test_psnr_is_torchmetrics_psnr_without_torchmetrics(digits):
+    """The plain-torch PSNR equals torchmetrics' (data range 1, whole batch); a planted offset moves it as 20 log10."""
+    from torchmetrics.functional.image import peak_signal_noise_ratio
+
+    images, _, _ = digits
+    ref = images[:4]
+    noised = (ref + 0.05 * torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
+    assert quality.psnr(noised, ref) == pytest.approx(float(peak_signal_noise_ratio(noised, ref, data_range=1.0)),
+                                                      abs=1e-4)
+    assert quality.psnr(ref + 0.1, ref) == pytest.approx(20.0, abs=1e-4)  # mse 0.01: 10 log10(1 / 0.01)
+    with pytest.raises(ValueError, match="differ in shape"):
+        quality.psnr(ref[:2], ref)
+
+
 def test_psnr_accepts_pil_images(digits):
     images, _, _ = digits
     pil = quality._to_pil(images[0], 128)

@@ -256,6 +256,12 @@ def test_latency_scenarios_leave_out_what_comparisons_read_as_compile_seconds():
     assert "full compile (cold cache)" not in timed and "" not in timed
 
 
+def test_timed_unit_keeps_step_seconds_off_the_image_seconds_axis():
+    assert report.timed_unit("denoiser step eager") == report.timed_unit("full step (one process)") == "denoiser step"
+    assert report.timed_unit("pipeline eager") == report.timed_unit("pipeline compiled (default)") == "image"
+    assert report.timed_unit("stepwise sweep") == "image"  # a word that only begins with 'step' names no step
+
+
 def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
     def rows(peak: float) -> pd.DataFrame:
         return pd.DataFrame([{"scenario": "s", "status": "ok", "latency_median_s": 1.0, "latency_spread_s": 0.1,
