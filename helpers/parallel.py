@@ -359,10 +359,15 @@ def torchrun_command(nproc: int, *target: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *target]
 
 
+def worker_pythonpath() -> str:
+    """PYTHONPATH for the workers: this project first, then what this process was given (a GPU host's bundle)."""
+    return os.pathsep.join([str(paths.ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def torchrun(nproc: int, *target: str, timeout_s: float = 600) -> str:
-    """Run target under torchrun with nproc processes (this project on PYTHONPATH, one thread per process unless
-    OMP_NUM_THREADS says otherwise); its output, or raise with it."""
-    env = os.environ | {"PYTHONPATH": str(paths.ROOT), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    """Run target under torchrun with nproc processes (this project put before the PYTHONPATH it inherits, one
+    thread per process unless OMP_NUM_THREADS says otherwise); its output, or raise with it."""
+    env = os.environ | {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     done = subprocess.run(torchrun_command(nproc, *target), cwd=paths.ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s, check=False)
     if done.returncode != 0:

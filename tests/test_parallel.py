@@ -1,13 +1,15 @@
 """helpers.parallel: analytic volumes, the checks (each fails on a planted wrong value), the CPU shims, the byte
 counter's arithmetic, and the scaling model."""
 
+import os
+
 import pandas as pd
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from helpers import parallel
+from helpers import parallel, paths
 from helpers.params import ParameterError
 
 # Flux-1-Dev at 1024x1024 with 512 text tokens in bf16
@@ -163,6 +165,21 @@ def test_torchrun_command_and_a_failing_launch(tmp_path):
     bad.write_text("import sys; sys.exit(3)\n")
     with pytest.raises(RuntimeError, match="torchrun exited"):
         parallel.torchrun(1, str(bad), timeout_s=120)
+
+
+def test_workers_keep_the_pythonpath_they_inherit(tmp_path, monkeypatch):
+    """A GPU host puts its wheel bundle on PYTHONPATH: the torchrun workers must see it too (they once got only
+    this project, and could not import diffusers there)."""
+    site = tmp_path / "site"
+    (site / "bundled_only_here").mkdir(parents=True)
+    (site / "bundled_only_here" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert parallel.worker_pythonpath().split(os.pathsep) == [str(paths.ROOT), str(site)]
+    script = tmp_path / "imports.py"
+    script.write_text("import bundled_only_here, helpers\n")
+    parallel.torchrun(1, str(script), timeout_s=120)  # raises if the worker cannot import either
+    monkeypatch.delenv("PYTHONPATH")
+    assert parallel.worker_pythonpath() == str(paths.ROOT)
 
 
 def test_published_split_line():
