@@ -264,6 +264,26 @@ def probe_denoiser(pipe: Any, run: Any, exact_guidance: float, like: DenoiserPro
     return DenoiserProbe(inputs, exact, out, exact_out)
 
 
+def initial_noise(pipe: Any, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
+    """The pipeline's starting latents for seed, drawn in fp32 on the CPU as its fp32 call draws them, then rounded
+    to its denoiser's dtype: the same noise in every format (pass it as `latents=`). torch before 2.13 draws another
+    sequence when a CPU generator is asked for fp16 or bf16 values, so a generator alone gives each format its own
+    noise there. Flux takes packed latents; SDXL the unscaled noise, which it multiplies by init_noise_sigma."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    from helpers import pipelines  # here: pipelines imports params, which imports this module
+
+    generator, net = torch.Generator("cpu").manual_seed(seed), pipelines.denoiser(pipe)
+    if hasattr(pipe, "transformer"):  # Flux
+        noise, _ = pipe.prepare_latents(batch, net.config.in_channels // 4, height, width, torch.float32,
+                                        torch.device("cpu"), generator)
+    else:
+        f = pipe.vae_scale_factor
+        noise = randn_tensor((batch, net.config.in_channels, height // f, width // f), generator=generator,
+                             device=torch.device("cpu"), dtype=torch.float32)
+    return noise.to(device=net.device, dtype=net.dtype)
+
+
 @dataclass(frozen=True)
 class FormatMeasurement:
     """What one format costs on this run: one denoiser step's and the whole pipeline's timings, the pipeline's peak

@@ -245,3 +245,23 @@ def test_measure_format_times_and_profiles_on_a_cpu(smoke_flux):
     assert m.step.median_s > 0 and len(m.pipeline.samples_s) == s.repeats and m.memory.peak_bytes > 0
     assert m.images.shape == (1, s.height, s.width, 3) and m.switches == []
     assert m.allocations and m.cpu_seconds and all(v > 0 for v in m.cpu_seconds.values())
+
+
+@pytest.mark.parametrize("model", ["flux-dev", "sdxl"])
+def test_initial_noise_is_the_generators_fp32_draw_rounded_to_each_format(model):
+    """In fp32 the drawn noise makes the generator's image exactly; in bf16 it is that noise rounded, whatever a CPU
+    generator draws for bf16 values on this torch (another sequence before torch 2.13); another seed differs."""
+    from diffusers import FluxPipeline, StableDiffusionXLPipeline
+
+    from helpers import pipelines
+    Pipeline = {"flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline}[model]
+    call = dict(prompt="a seven", height=64, width=64, num_inference_steps=1, output_type="np")
+    pipe = Pipeline(**pipelines.random_components(model, "smoke", dtype=torch.float32, seed=0))
+    pipe.set_progress_bar_config(disable=True)
+    noise = precision.initial_noise(pipe, 64, 64, seed=3, batch=2)
+    with_generator = pipe(**call, num_images_per_prompt=2, generator=torch.Generator("cpu").manual_seed(3)).images
+    assert (pipe(**call, num_images_per_prompt=2, latents=noise).images == with_generator).all()
+    assert not torch.equal(precision.initial_noise(pipe, 64, 64, seed=4, batch=2), noise)  # planted: another seed
+    half = Pipeline(**pipelines.random_components(model, "smoke", dtype=torch.bfloat16, seed=0))
+    rounded_noise = precision.initial_noise(half, 64, 64, seed=3, batch=2)
+    assert rounded_noise.dtype == torch.bfloat16 and torch.equal(rounded_noise, noise.bfloat16())
