@@ -74,6 +74,16 @@ def _measured_dtype(rows: pd.DataFrame, scenario: str) -> str | None:
     return str(last["dtype"])
 
 
+def _missing_levers(rows: pd.DataFrame, scenarios: list[str], requires: str) -> list[str]:
+    """The levers a comparison requires (';'-separated) that the latest ok rows of its scenarios did not run with."""
+    ran: set[str] = set()
+    for scenario in [s for s in scenarios if s]:
+        last = _latest_ok(rows, scenario)
+        extra = last["extra"] if last is not None and "extra" in last else None
+        ran |= set(extra.get("levers") or []) if isinstance(extra, dict) else set()
+    return [lever for lever in str(requires or "").split(";") if lever and lever not in ran]
+
+
 def _hardware_matches(hardware_class: str, hardware: str) -> bool:
     """True when a comparison of this class ('GPU', 'H100', 'RTX 4090', ...) may be made on this hardware slug."""
     if hardware == "cpu":
@@ -139,6 +149,9 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
                     mval = None if not base else (base / mval if c.kind == "speedup" else mval / base)
                 if mval is None and not outcome:
                     outcome = "not measured: scenario missing or not ok"
+                missing = _missing_levers(full, [c.measured_scenario, c.measured_base_scenario], c.requires_levers)
+                if mval is not None and missing and not outcome:  # shown, never divided by the published figure
+                    outcome = f"not compared: the stack ran without {', '.join(missing)}, which the published one has"
             factor = mval / pval if mval is not None and not outcome else None
             if factor is not None:
                 outcome = verdict(factor, float(c.tolerance), c.better)

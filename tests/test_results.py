@@ -115,6 +115,25 @@ def test_verdict_reads_the_direction_of_each_comparison(factor, better, expected
     assert report.verdict(factor, 0.25, better) == expected
 
 
+def test_a_stack_that_ran_without_the_published_levers_is_shown_but_not_compared():
+    """flux-fast's 2.5x needs max-autotune, the inductor flags and the compiled VAE; a + fp8 stage without them
+    (G6a's reduced ladder) shows its speedup but gets no verdict; torchao's fp8 stack needs only what it ran."""
+    def rows(levers):
+        base = {"hardware": "h100-80gb", "notebook": "12_maximum_speed", "profile": "full", "model": "flux-dev",
+                "status": "ok", "dtype": "bf16"}
+        return pd.DataFrame([base | {"scenario": "stack: eager", "latency_median_s": 6.6, "extra": {"levers": []}},
+                             base | {"scenario": "stack: + fp8", "latency_median_s": 3.0, "extra": {"levers": levers}}])
+    reduced = report.compare(rows(["cudnn-attention", "compile", "fused-qkv", "fp8"]), "12_maximum_speed")
+    t = reduced.set_index("comparison")
+    assert t.loc["stack-speedup-flux-fast", "verdict"] == ("not compared: the stack ran without inductor-flags, "
+                                                           "max-autotune, vae-compile, which the published one has")
+    assert t.loc["stack-speedup-flux-fast", "measured"] == "2.20x"  # shown beside the published figure
+    assert t.loc["stack-fp8-speedup-torchao", "verdict"].startswith("within")  # 2.20x vs 6.573/2.966 = 2.22x
+    full = report.compare(rows(["cudnn-attention", "compile", "inductor-flags", "fused-qkv", "max-autotune",
+                                "vae-compile", "fp8"]), "12_maximum_speed").set_index("comparison")
+    assert full.loc["stack-speedup-flux-fast", "verdict"] == "within ±20%"  # 2.20x vs 2.5x: 0.88
+
+
 def test_a_higher_compile_ratio_is_better():
     """full/regional cold compile and cold/warm ratios: higher than published is better, not worse."""
     rows = pd.DataFrame([{"hardware": "h100-80gb", "notebook": "04_regional_compilation", "profile": "full",
