@@ -111,7 +111,12 @@ def test_report_on_gpu_fixture(tmp_path):
     listed = [line.split(" | ")[0].lstrip("| ") for line in region.splitlines() if line.startswith("| ")]
     assert set(f.split("/")[1] for f in row["factors"]) <= set(listed) and "eager-latency" in listed
     assert "nf4-latency" not in listed and f"{len(row['factors'])} of {row['comparisons']} comparisons" in region
-    assert f"{row['comparisons'] - len(row['factors'])} of {row['comparisons']} comparisons have no measurement" in region
+    # a figure measured on another GPU class than the published one (SGLang's H200 seconds, here on an H100) is
+    # listed with its value and no factor; only the comparisons without a value are counted as unmeasured
+    no_value = sum(x.startswith("not measured") for x in v.values())
+    assert no_value < row["comparisons"] - len(row["factors"])
+    assert f"{no_value} of {row['comparisons']} comparisons have no measurement" in region
+    assert "eager-latency-sglang" in listed and v["h100-80gb/eager-latency-sglang"].startswith("not compared")
     assert all(c["holds"] for c in nb.checks().values())
 
 
