@@ -377,7 +377,9 @@ READING_GUIDE = (
     "`within ±x%` when the factor lies in [1/(1+x), 1+x] (x is the row's band), otherwise `better than published` "
     "or `worse than published` in the comparison's own sense (faster, less memory, a larger speedup). A row is "
     "compared only on the hardware in `compared on` (any GPU, or the GPU model the source used), only from "
-    "full-profile rows, and only in the published dtype; `note` gives the remaining differences of setting.")
+    "full-profile rows, only in the published dtype, and, for a stack of levers, only when the run had every lever "
+    "of the published stack; otherwise the measured value is shown with the verdict `not compared` and its reason. "
+    "`note` gives the remaining differences of setting.")
 
 
 def factor_matrix(table: pd.DataFrame) -> pd.DataFrame:
@@ -427,9 +429,12 @@ def summary_markdown(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generat
         parts.append(_provenance_paragraph(rows))
     parts.append(READING_GUIDE)
     for hw, group in table.groupby("hardware", sort=True):
-        measured = int(group["measured / published"].notna().sum())
-        parts.append(f"### {hw}\n\n{measured} of {len(group)} comparisons with published figures measured "
-                     f"here.\n\n" + markdown(group.drop(columns=["hardware"])))
+        compared = int(group["measured / published"].notna().sum())
+        measured = int((group["measured"] != "—").sum())
+        also = (f"; {measured - compared} more measured, not compared (the verdict says why)"
+                if measured > compared else "")
+        parts.append(f"### {hw}\n\n{compared} of {len(group)} comparisons with published figures measured and "
+                     f"compared here{also}.\n\n" + markdown(group.drop(columns=["hardware"])))
     if covered is not None and not covered.empty:
         left = covered[covered["compared in"] == ""]
         parts.append(f"### Published figures no notebook reproduces\n\n{len(covered) - len(left)} of "
@@ -469,7 +474,7 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
         compared = int(group["measured / published"].notna().sum())
         text = f"### {hw}\n\n"
         if not measured.empty:
-            also = (f"; {len(measured) - compared} more measured, not compared (published on another GPU class)"
+            also = (f"; {len(measured) - compared} more measured, not compared (the verdict says why)"
                     if len(measured) > compared else "")
             text += (f"{compared} of {len(group)} comparisons with published figures measured and compared "
                      f"here{also}:\n\n" + markdown(measured.drop(columns=["hardware"])) + "\n\n")
