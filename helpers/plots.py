@@ -26,8 +26,10 @@ def check_labels(title: str, xlabel: str, ylabel: str) -> None:
 
 
 def figure_path(run: Run, hardware: str, name: str) -> Path:
-    """Where a notebook's figure goes: <figures>/<hardware>/<notebook>_<name>.png."""
-    return run.figures_dir / hardware / f"{run.notebook}_{name}.png"
+    """Where a notebook's figure goes: <figures>/<hardware>/<notebook>_<name>.png, with '.<model>' before '.png' for
+    a model other than Flux-1-Dev (as the executed copies are named), so an SDXL run keeps the Flux run's figures."""
+    model = "" if run.model == "flux-dev" else f".{run.model}"
+    return run.figures_dir / hardware / f"{run.notebook}_{name}{model}.png"
 
 
 def save(fig: plt.Figure, run: Run, hardware: str, name: str) -> Path:
