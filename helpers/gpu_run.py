@@ -51,12 +51,12 @@ class Job:
         return self.notebook + "".join(f".{v}" for v in variant.values())
 
 
-# Priority order (LEASES below runs them): after G1 and G2, the groups that answer the most published comparisons first (G5a + G5b: eleven;
-# G8 + G3e: four; G6a + G3b: four; G4b: two), then those that check claims on the full profile without one. Two commands
-# fit a 15-minute lease: LEASES below pairs them. Group names stay as first planned: the rows and notes of
-# earlier runs name them. docs/gpu-plan-estimates.md gives each estimate's basis (published seconds and FLOPs).
-# A reduced full-profile setting is always a notebook parameter, so it lands in the rows (steps, warm-up, samples,
-# knobs) and in the executed notebook's injected-parameters cell.
+# Groups in the order first planned; LEASES below runs them: after G1 and G2, the groups that answer the most
+# published comparisons first (G5a + G5b: eleven; G8 + G3e, G6a + G3b: three each; G4b: two), then those that check
+# claims on the full profile without one. Group names stay as first planned: the rows and notes of earlier runs name
+# them. docs/gpu-plan-estimates.md gives each estimate's basis (published seconds and FLOPs). A reduced full-profile
+# setting is always a notebook parameter, so it lands in the rows (steps, warm-up, samples, knobs) and in the
+# executed notebook's injected-parameters cell.
 GROUPS: dict[str, list[Job]] = {
     # 03 times eager beside every compiled mode (7 more eager pipelines per mode, ~50 s); 04 runs a fifth process
     # that compiles both ways from warm caches and times eager/full/regional in turn (~80 s)

@@ -267,8 +267,8 @@ def probe_denoiser(pipe: Any, run: Any, exact_guidance: float, like: DenoiserPro
 def initial_noise(pipe: Any, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
     """The pipeline's starting latents for seed, drawn in fp32 on the CPU as its fp32 call draws them, then rounded
     to its denoiser's dtype: the same noise in every format (pass it as `latents=`). Asked for fp16 or bf16 values, a
-    CPU generator need not draw the fp32 values rounded (torch 2.11 never does; 2.13 for sizes that are a multiple of
-    16), so a generator alone can give each format its own noise. Flux takes packed latents; SDXL the unscaled noise,
+    CPU generator need not draw the fp32 values rounded (torch 2.11 does not; 2.13 does for sizes that are a multiple
+    of 16), so a generator alone can give each format its own noise. Flux takes packed latents; SDXL the unscaled noise,
     which it multiplies by init_noise_sigma."""
     from diffusers.utils.torch_utils import randn_tensor
 
