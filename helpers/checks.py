@@ -1,7 +1,7 @@
 """The final Checks cell of a notebook: its claims in one table (claim, measured, expected, holds), kept as a row.
 
 A notebook adds each claim where its evidence is ready to hand and evaluates them all at the end; the lesson cells
-stay free of asserts. The table is recorded as the row "checks", so the notebook's test reads every claim back."""
+stay free of asserts. The claim that every image shown reads as its prompt's digit is added by itself (gallery). The table is recorded as the row "checks", so the notebook's test reads every claim back."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from helpers import gallery
 from helpers.results import ResultWriter
 
 
@@ -55,6 +56,9 @@ class Checks:
     def evaluate(self, writer: ResultWriter | None = None) -> pd.DataFrame:
         """Record the table as the row 'checks' (when a writer is given), return it, and raise ChecksFailed naming
         every claim that does not hold; an empty list raises too (a Checks cell that checks nothing is a defect)."""
+        shown = gallery.claim(writer) if writer is not None else None
+        if shown is not None and not any(c.claim == shown[0] for c in self.claims):
+            self.add(*shown)  # the images the notebook showed, judged as they were shown
         if not self.claims:
             raise ChecksFailed("no claim was added: the Checks cell checks nothing")
         failed = [c for c in self.claims if not c.holds]

@@ -39,6 +39,7 @@ class EnvironmentCard:
     peak_tflops: float
     peak_dtype: str
     peak_note: str
+    memory_cap: str = ""  # GPU_MEMORY_GIB as applied (helpers.fit.Cap), '' when the whole GPU is used
 
     def as_table(self) -> list[tuple[str, str]]:
         """Rows of (field, value) for display."""

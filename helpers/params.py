@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from helpers import paths, precision
+from helpers import fit, paths, precision
 
 PROFILES: tuple[str, ...] = ("auto", "smoke", "full")
 MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
@@ -69,6 +69,7 @@ class Run:
     knobs: dict[str, Any] = field(default_factory=dict)
     dtype_reason: str = ""
     weights_reason: str = ""
+    gpu_memory_gib: float | None = None  # GPU_MEMORY_GIB: the cap standing for a smaller card's memory, or None
 
     @property
     def is_cuda(self) -> bool:
@@ -174,10 +175,12 @@ def _cuda_memory_gib() -> float:
     return torch.cuda.get_device_properties(0).total_memory / 2**30
 
 
-def _resolve_profile(profile: str) -> tuple[str, str]:
-    """Turn PROFILE into smoke/full and say why."""
+def _resolve_profile(profile: str, cap_gib: float | None = None) -> tuple[str, str]:
+    """Turn PROFILE into smoke/full and say why (with a cap, the GPU counts as a card of cap_gib)."""
     gib = _cuda_memory_gib()
     name = torch.cuda.get_device_name(0) if gib else "no CUDA GPU"
+    if cap_gib is not None and gib:
+        gib, name = cap_gib, f"{name} capped at {cap_gib:g} GiB (GPU_MEMORY_GIB)"
     big_enough = gib >= FULL_PROFILE_MIN_GPU_GIB
     if profile == "auto":
         if big_enough:
@@ -215,13 +218,15 @@ def resolve(
     FIGURES_DIR: str = "",
     REPEATS: int | None = None,
     WARMUP: int | None = None,
+    GPU_MEMORY_GIB: float | None = None,
     models: Iterable[str] = MODELS,
     **knobs: Any,
 ) -> Run:
     """Validate the common parameters of a notebook and return the resolved Run.
 
     REPEATS / WARMUP (None: the profile's) shorten a measurement where a GPU slot needs it; every timed row records
-    its warm-up and its samples, so a reduced setting is visible in the results."""
+    its warm-up and its samples, so a reduced setting is visible in the results. GPU_MEMORY_GIB (None: all of the
+    GPU) caps the CUDA allocator so the GPU stands for a card of that memory (helpers.fit)."""
     check_choice("PROFILE", PROFILE, PROFILES)
     check_choice("MODEL", MODEL, tuple(models))
     check_choice("DTYPE", DTYPE, DTYPE_CHOICES)
@@ -234,7 +239,11 @@ def resolve(
         check_positive_int("REPEATS", REPEATS)
     if WARMUP is not None and not (isinstance(WARMUP, int) and not isinstance(WARMUP, bool) and WARMUP >= 0):
         raise ParameterError(f"WARMUP={WARMUP!r} must be None or an integer >= 0, e.g. 1")
-    profile, reason = _resolve_profile(PROFILE)
+    try:
+        cap = fit.check_cap(GPU_MEMORY_GIB, _cuda_memory_gib())
+    except fit.CapError as err:
+        raise ParameterError(str(err)) from None
+    profile, reason = _resolve_profile(PROFILE, cap)
     weights, weights_reason = resolve_weights(weights, MODEL, profile)
     settings = PROFILE_SETTINGS[profile]
     settings = replace(settings, repeats=REPEATS or settings.repeats,
@@ -257,4 +266,5 @@ def resolve(
         knobs=dict(knobs),
         dtype_reason=dtype_reason,
         weights_reason=weights_reason,
+        gpu_memory_gib=cap,
     )

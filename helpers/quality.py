@@ -2,8 +2,12 @@
 
 The smoke profile's Flux is trained on scikit-learn's `digits` (8x8, upsampled to 128x128, white on black;
 tools/train_smoke.py). A small MLP trained on the same digits, shipped in data/models/digit-classifier/, reads a
-generated image reduced back to 8x8: `recognized` is the share read as the prompted digit (the CLIP-score
-analogue), `frechet_distance` compares its feature statistics with those of the real digits (the FID analogue).
+generated image reduced back to 8x8. A read counts only when the judge is sure it sees a digit: the classifier's
+confidence at least the floor that real held-out digits reach, and the image no farther from the training digits
+of that class than any held-out digit is (`read`; the two limits are chosen from the held-out digits by `calibrate`
+and shipped in judge.json, so noise reads as "not a digit"). `recognized` is the share read as the prompted digit
+(the CLIP-score analogue), `frechet_distance` compares its feature statistics with those of the real digits (the FID
+analogue).
 `psnr` (plain torch) and `ssim` (torchmetrics) compare an image with the reference image of the same seed and
 prompt, the anchors' way of judging a lossy lever against bf16. scikit-learn and torchmetrics are imported inside
 the functions that need them, so importing this module needs neither.
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,7 @@ from PIL import Image
 from helpers import paths
 
 MODELS_DIR: Path = paths.DATA_DIR / "models"
+CONFIDENCE_QUANTILE = 0.01  # the confidence floor: what 99% of the held-out digits read correctly reach
 CLASSIFIER_DIR: Path = MODELS_DIR / "digit-classifier"
 SMOKE_MODEL_DIR: Path = MODELS_DIR / "flux-dev-smoke"
 DIGIT_WORDS: tuple[str, ...] = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -185,13 +191,90 @@ def predict(images: Images, folder: Path = CLASSIFIER_DIR) -> torch.Tensor:
     return classifier(folder)(to_8x8(images)).argmax(1)
 
 
+@dataclass(frozen=True)
+class Read:
+    """What the judge reads in one image: the likeliest digit, its probability, the distance to the nearest training
+    digit of that class (8x8, [0, 1]), and whether both are within the held-out digits' limits (else: not a digit)."""
+
+    digit: int
+    confidence: float
+    distance: float
+    is_digit: bool
+
+    def __str__(self) -> str:
+        what = f"a {self.digit}" if self.is_digit else f"not a digit (closest: {self.digit})"
+        return f"{what}, confidence {self.confidence:.2f}, distance {self.distance:.2f}"
+
+
+def _nearest_same_class(x8: torch.Tensor, digits: torch.Tensor, ref8: torch.Tensor, ref_labels: torch.Tensor
+                        ) -> torch.Tensor:
+    """Distance (L2, 8x8) from each row of x8 to the nearest reference digit of the class given in digits."""
+    d = torch.cdist(x8.double(), ref8.double())
+    d[digits[:, None] != ref_labels[None, :]] = math.inf
+    return d.min(1).values.float()
+
+
+@lru_cache(maxsize=2)
+def _judge(folder: str) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The training digits (8x8 rows and labels) and the limits calibrate() chose, loaded once."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(folder) / "judge.safetensors"))
+    return tensors["train_8x8"], tensors["train_labels"].long(), json.loads((Path(folder) / "judge.json").read_text())
+
+
+def limits(folder: Path = CLASSIFIER_DIR) -> dict[str, Any]:
+    """The judge's limits: confidence_floor, distance_ceiling, and how they were chosen from the held-out digits."""
+    return dict(_judge(str(folder))[2])
+
+
+@torch.no_grad()
+def read(images: Images, folder: Path = CLASSIFIER_DIR) -> list[Read]:
+    """What the judge reads in each image: a digit only when confident and close to real digits (noise is not)."""
+    x8 = to_8x8(images)
+    probs = classifier(folder)(x8).softmax(1)
+    conf, digit = probs.max(1)
+    ref8, ref_labels, lim = _judge(str(folder))
+    dist = _nearest_same_class(x8, digit, ref8, ref_labels)
+    return [Read(int(d), float(c), float(r), bool(c >= lim["confidence_floor"] and r <= lim["distance_ceiling"]))
+            for d, c, r in zip(digit, conf, dist, strict=True)]
+
+
 def recognized(images: Images, digits: Sequence[int] | torch.Tensor, folder: Path = CLASSIFIER_DIR) -> float:
-    """Share of images (PIL or tensors, 128x128 RGB) that the classifier reads as the prompted digit."""
-    expected = torch.as_tensor(list(digits) if not isinstance(digits, torch.Tensor) else digits).long()
-    found = predict(images, folder)
+    """Share of images (PIL or tensors, 128x128 RGB) that the judge reads, surely, as the prompted digit."""
+    expected = [int(d) for d in (digits.tolist() if isinstance(digits, torch.Tensor) else digits)]
+    found = read(images, folder)
     if len(found) != len(expected):
         raise ValueError(f"{len(found)} images but {len(expected)} digits")
-    return float((found == expected).float().mean())
+    return sum(r.is_digit and r.digit == e for r, e in zip(found, expected, strict=True)) / len(expected)
+
+
+def calibrate(model: DigitClassifier, folder: Path, images: torch.Tensor, labels: torch.Tensor,
+              train: torch.Tensor, held: torch.Tensor) -> dict[str, Any]:
+    """Choose the judge's limits from the held-out digits and write judge.safetensors and judge.json to folder.
+
+    confidence_floor: the CONFIDENCE_QUANTILE quantile of the probability held-out digits read correctly reach;
+    distance_ceiling: the largest distance from a held-out digit to the nearest training digit of its class."""
+    from safetensors.torch import save_file
+
+    x8 = to_8x8(upsample(images))
+    with torch.no_grad():
+        probs = model(x8[held]).softmax(1)
+    conf, digit = probs.max(1)
+    right = digit == labels[held]
+    dist = _nearest_same_class(x8[held], labels[held], x8[train], labels[train])
+    info = {"confidence_floor": round(float(torch.quantile(conf[right], CONFIDENCE_QUANTILE)), 4),
+            "distance_ceiling": round(float(dist.max()), 4),
+            "chosen_from": (f"{len(held)} held-out digits: the confidence floor is the {CONFIDENCE_QUANTILE:.0%} "
+                            f"quantile of the probability of those read correctly; the distance ceiling the largest "
+                            f"distance (8x8, [0, 1]) from one to the nearest training digit of its class"),
+            "train_digits": len(train)}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"train_8x8": x8[train].contiguous(), "train_labels": labels[train].to(torch.int32).contiguous()},
+              str(folder / "judge.safetensors"))
+    (folder / "judge.json").write_text(json.dumps(info, indent=2) + "\n")
+    _judge.cache_clear()
+    return info
 
 
 @torch.no_grad()

@@ -259,6 +259,26 @@ def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR
     return ("measured by this project: " + "; ".join(phrases)) if phrases else ""
 
 
+def headline(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
+             results_dir: Path = paths.RESULTS_DIR) -> str:
+    """The TL;DR line of a notebook: the comparison's figure as this project measured it on a GPU where a full-profile
+    run is committed (with its verdict), and the published figure with its hardware and source."""
+    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
+    hit = comps[comps["id"] == comparison_id]
+    if len(hit) != 1:
+        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
+    c = hit.iloc[0]
+    pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
+    if c.kind not in ("absolute", "factor"):
+        base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
+        pval = base / pval if c.kind == "speedup" else pval / base
+    row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
+    published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
+    published = f"published: {_fmt(pval, c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
+    ours = project_figure(comparison_id, reference_dir, results_dir)
+    return f"{ours}; {published}" if ours else f"{published}; not yet measured by this project on a GPU"
+
+
 def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,
                      metric: str = "compile_latency", source: str = "hands-on-guide", note: str = "",
                      why_none: str = "") -> str:

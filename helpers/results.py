@@ -53,6 +53,7 @@ class Row:
     extra: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     peak_tflops: float | None = None
+    gpu_memory_cap_gib: float | None = None  # GPU_MEMORY_GIB: the run stood for a card of this memory
     git_rev: str = "unknown"
     run_id: str = ""
     timestamp: str = ""
@@ -132,7 +133,7 @@ class ResultWriter:
             notebook=self.run.notebook, scenario=scenario, status=status, reason=reason,
             profile=self.run.profile, weights=_weights_label(self.run.weights), hardware=self.card.hardware,
             device_name=self.card.device_name, versions=self.card.versions, git_rev=self.card.git_rev,
-            peak_tflops=self.card.peak_tflops, run_id=self.run_id,
+            peak_tflops=self.card.peak_tflops, gpu_memory_cap_gib=self.run.gpu_memory_gib, run_id=self.run_id,
             timestamp=datetime.now(UTC).isoformat(timespec="seconds"), **base,
         )
         row.extra.update(extra)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
-from helpers import environment, params, results
+from helpers import environment, fit, gallery, params, results
 
 
 @dataclass
@@ -18,11 +19,25 @@ class Session:
     card: environment.EnvironmentCard
     writer: results.ResultWriter
 
+    def __post_init__(self) -> None:
+        """The gallery every shown image goes through."""
+        self.gallery = gallery.Gallery(self.writer)
+
+    def show(self, images: Any, prompts: str | list[str], title: str, **options: Any) -> dict[str, Any]:
+        """Show an image or a grid, judged and recorded (gallery.Gallery.show)."""
+        return self.gallery.show(images, prompts, title, **options)
+
+    def show_committed(self, name: str, caption: str = "") -> list:
+        """Show the figure of this name that a GPU run committed (gallery.Gallery.show_committed)."""
+        return self.gallery.show_committed(name, caption)
+
     def card_table(self, full: bool = False) -> pd.DataFrame:
         """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
         full=True every field of the environment card, the timing settings, the results file and the knobs."""
         r, c = self.run, self.card
         device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
+        if c.memory_cap:
+            device += f", {c.memory_cap}"
         rows = [("device", device), ("dtype", r.dtype_reason or r.dtype_name), ("profile", r.profile_reason),
                 ("model", r.model), ("weights", r.weights_reason or r.weights),
                 ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
@@ -41,5 +56,8 @@ class Session:
 def start(notebook: str, **parameters: Any) -> Session:
     """Validate parameters (fails fast, writes nothing), measure the card, and prepare the results file."""
     run = params.resolve(notebook, **parameters)
+    cap = fit.apply_cap(run.gpu_memory_gib) if run.gpu_memory_gib is not None and run.is_cuda else None
     card = environment.environment_card(run.device, run.dtype)
+    if cap is not None:
+        card = dataclasses.replace(card, memory_cap=str(cap))
     return Session(run=run, card=card, writer=results.ResultWriter(run, card))

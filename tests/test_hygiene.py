@@ -51,7 +51,7 @@ def test_notebook_hygiene(path):
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     assert nb["cells"][tagged[0]] is code[0], "the parameters cell is the first code cell"
     params = "".join(code[0]["source"])
-    for name in ("PROFILE", "MODEL", "WEIGHTS", "SEED", "RESULTS_DIR", "FIGURES_DIR"):
+    for name in ("PROFILE", "MODEL", "WEIGHTS", "SEED", "RESULTS_DIR", "FIGURES_DIR", "GPU_MEMORY_GIB"):
         assert re.search(rf"^{name} = ", params, re.MULTILINE), f"parameters cell lacks {name}"
     # papermill's parser skips (with a warning) any line it cannot read, e.g. an apostrophe in a comment;
     # a skipped line is a parameter papermill cannot override

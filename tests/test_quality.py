@@ -117,3 +117,57 @@ def test_scores_bundle_the_four_metrics(digits):
     assert set(got) == {"recognized", "frechet", "psnr", "ssim"}
     assert got["psnr"] == math.inf and got["ssim"] == pytest.approx(1.0, abs=1e-6) and got["recognized"] >= 0.9
     assert set(quality.scores(some, labels[held[:20]])) == {"recognized", "frechet"}
+
+
+def _noise(kind: str, n: int = 200) -> torch.Tensor:
+    """Planted images that are not digits: uniform noise, grey noise on a flat colour (the texture of 08's old
+    call), a flat grey and a smooth blob."""
+    gen = torch.Generator().manual_seed(3)
+    if kind == "uniform":
+        return torch.rand(n, 3, 128, 128, generator=gen)
+    if kind == "textured":
+        return (torch.rand(n, 3, 1, 1, generator=gen) * 0.5 + 0.1 * torch.randn(n, 3, 128, 128, generator=gen)).clamp(0, 1)
+    if kind == "flat":
+        return torch.rand(n, 1, 1, 1, generator=gen).expand(-1, 3, 128, 128)
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 128), torch.linspace(-1, 1, 128), indexing="ij")
+    centre = torch.rand(n, 2, 1, 1, generator=gen) - 0.5
+    blob = torch.exp(-((xx - centre[:, :1]) ** 2 + (yy - centre[:, 1:]) ** 2) / 0.2)
+    return blob.expand(-1, 3, -1, -1).contiguous()  # (n, 1, 128, 128) -> RGB
+
+
+@pytest.mark.parametrize("kind", ["uniform", "textured", "flat", "blob"])
+def test_noise_is_not_read_as_a_digit(kind):
+    """Planted noise: the argmax alone reads a '7' in about half of such images; the judge reads no digit in any."""
+    images = _noise(kind)
+    reads = quality.read(images)
+    assert not any(r.is_digit for r in reads), [str(r) for r in reads if r.is_digit][:3]
+    assert all(quality.recognized(images, [d] * len(images)) == 0.0 for d in range(10))
+
+
+def test_judge_limits_are_the_held_out_digits(digits):
+    """judge.json is what calibrate chooses from the held-out digits (recomputed here into a scratch folder), and
+    the limits admit almost every held-out digit."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    images, labels, held = digits
+    images8, _ = quality.load_digits()
+    train, _ = quality.holdout_split(labels)
+    shipped = quality.limits()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("model.safetensors", "info.json"):
+            shutil.copy(quality.CLASSIFIER_DIR / name, Path(tmp) / name)
+        again = quality.calibrate(quality.classifier(), Path(tmp), images8, labels, train, held)
+    assert {k: again[k] for k in ("confidence_floor", "distance_ceiling")} == \
+        {k: shipped[k] for k in ("confidence_floor", "distance_ceiling")}
+    reads = quality.read(images[held])
+    assert sum(r.is_digit for r in reads) / len(reads) >= 0.98
+
+
+def test_a_wrong_limit_is_caught(digits, monkeypatch):
+    """Planted: with a distance ceiling of 0 nothing is a digit, so the held-out share collapses."""
+    images, labels, held = digits
+    ref8, ref_labels, lim = quality._judge(str(quality.CLASSIFIER_DIR))
+    monkeypatch.setattr(quality, "_judge", lambda folder: (ref8, ref_labels, lim | {"distance_ceiling": 0.0}))
+    assert quality.recognized(images[held], labels[held]) < 0.05

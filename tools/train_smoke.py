@@ -98,6 +98,8 @@ def train_classifier(images8: torch.Tensor, labels: torch.Tensor, train: torch.T
             "trained_by": "tools/train_smoke.py"}
     quality.save_classifier(model, folder, real_features=model.features(x).detach(), info=info)
     quality._load.cache_clear()
+    judge = quality.calibrate(model, folder, images8, labels, train, held)
+    log(f"judge: a digit needs confidence >= {judge['confidence_floor']} and distance <= {judge['distance_ceiling']}")
     log(f"classifier: held-out accuracy {acc:.4f} on {len(held)} digits (train {acc_train:.4f}, {len(train)})")
     return info
 

@@ -1,0 +1,102 @@
+"""helpers.gallery: every shown image is judged on the trained smoke model, and the Checks cell fails when one is not
+its prompt's digit (planted: 08's old pipeline call without max_sequence_length draws a texture, not a digit)."""
+
+import pytest
+import torch
+from diffusers import FluxPipeline
+
+from helpers import checks, gallery, quality, session
+from helpers.params import PROFILE_SETTINGS
+
+SMOKE = PROFILE_SETTINGS["smoke"]
+PROMPT = "a handwritten digit seven"
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipe = FluxPipeline.from_pretrained(quality.SMOKE_MODEL_DIR, dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _draw(pipe, prompt=PROMPT, seed=0, **extra):
+    kwargs = dict(height=SMOKE.height, width=SMOKE.width, num_inference_steps=SMOKE.steps,
+                  guidance_scale=SMOKE.guidance, generator=torch.Generator().manual_seed(seed)) | extra
+    return pipe(prompt=prompt, **kwargs).images[0]
+
+
+def _session(tmp_path, weights="auto"):
+    return session.start("gallery_test", PROFILE="smoke", WEIGHTS=weights, DTYPE="fp32", RESULTS_DIR=str(tmp_path))
+
+
+def test_digit_in_prompt():
+    assert gallery.digit_in("a handwritten digit seven") == 7
+    assert gallery.digit_in("the number zero, handwritten") == 0
+    assert gallery.digit_in("a cat") is None
+    assert gallery.digit_in("one or two") is None
+
+
+def test_shown_digit_is_judged_and_claimed(tmp_path, pipe, capsys):
+    s = _session(tmp_path)
+    got = s.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "the image")
+    assert got["judged"] and got["rows"][0]["holds"]
+    assert "asked for a 7; the judge reads a 7" in capsys.readouterr().out
+    claims = checks.Checks()
+    claims.add("something", 1, 1, True)
+    table = claims.evaluate(s.writer)
+    assert table.loc["every image shown reads as its prompt's digit (a grid row: at least its floor)", "holds"]
+
+
+def test_old_call_without_max_sequence_length_fails_the_checks(tmp_path, pipe):
+    """Planted: 08's and 12's first call left out max_sequence_length (T5 pads to 512 tokens against a model trained
+    on 32); the image is a texture, and the Checks cell now says so."""
+    s = _session(tmp_path)
+    got = s.show(_draw(pipe), PROMPT, "the image")
+    assert got["judged"] and not got["rows"][0]["holds"]
+    claims = checks.Checks()
+    claims.add("something", 1, 1, True)
+    with pytest.raises(checks.ChecksFailed, match="every image shown reads as its prompt's digit"):
+        claims.evaluate(s.writer)
+
+
+def test_grid_row_below_its_floor_fails(tmp_path, pipe):
+    s = _session(tmp_path)
+    msl = SMOKE.max_sequence_length
+    prompts = [quality.prompt(d) for d in range(3)]
+    good = [_draw(pipe, p, max_sequence_length=msl) for p in prompts]
+    bad = [_draw(pipe, p) for p in prompts]
+    got = s.show([good, bad], prompts, "two rows", labels=["ok", "padded"], floor=0.6)
+    assert [r["holds"] for r in got["rows"]] == [True, False]
+    assert not gallery.claim(s.writer)[3]
+
+
+def test_random_weights_are_said_to_be_noise(tmp_path, capsys):
+    s = _session(tmp_path, weights="random")
+    got = s.show(torch.rand(3, 128, 128), PROMPT, "noise")
+    assert not got["judged"]
+    assert "random weights: the image is noise by design" in capsys.readouterr().out
+    assert gallery.claim(s.writer) is None
+
+
+def test_prompt_without_a_digit_is_not_judged(tmp_path, pipe, capsys):
+    s = _session(tmp_path)
+    s.show(_draw(pipe, "a cat", max_sequence_length=SMOKE.max_sequence_length), "a cat", "a cat")
+    assert "names no digit" in capsys.readouterr().out
+    assert gallery.claim(s.writer) is None
+
+
+def test_committed_figures_skip_cpu():
+    found = gallery.committed_figures("00_setup_and_baseline", "time_per_component")
+    assert found and all(hw != "cpu" for hw, _ in found)
+    assert gallery.committed_figures("00_setup_and_baseline", "no_such_figure") == []
+
+
+def test_confident_texture_is_caught_by_the_distance(pipe):
+    """Confidence alone is not enough: the textures of the call without max_sequence_length reach a confidence above
+    the floor (up to 0.99 for a '3'), and the distance to the nearest real digit refuses every one of them."""
+    images = [_draw(pipe, quality.prompt(d)) for d in range(10)]
+    lim = quality.limits()
+    reads = quality.read(images)
+    confident = [r for r in reads if r.confidence >= lim["confidence_floor"]]
+    assert confident, "no texture reached the confidence floor: this test would prove nothing"
+    assert not any(r.is_digit for r in reads) and all(r.distance > lim["distance_ceiling"] for r in confident)
