@@ -8,9 +8,9 @@ of that class than any held-out digit is (`read`; the two limits are chosen from
 and shipped in judge.json, so noise reads as "not a digit"). `recognized` is the share read as the prompted digit
 (the CLIP-score analogue), `frechet_distance` compares its feature statistics with those of the real digits (the FID
 analogue).
-`psnr` (plain torch) and `ssim` (torchmetrics) compare an image with the reference image of the same seed and
-prompt, the anchors' way of judging a lossy lever against bf16. scikit-learn and torchmetrics are imported inside
-the functions that need them, so importing this module needs neither.
+`psnr` and `ssim` (both plain torch, torchmetrics' definitions) compare an image with the reference image of the same seed and
+prompt, the anchors' way of judging a lossy lever against bf16. scikit-learn is imported inside the function that
+loads the digits (training and tests only), so judging needs neither it nor torchmetrics: the GPU host has neither.
 """
 
 from __future__ import annotations
@@ -316,10 +316,26 @@ def psnr(image: Images, reference: Images) -> float:
 
 
 def ssim(image: Images, reference: Images) -> float:
-    """Structural similarity of image against reference (torchmetrics, Gaussian window, data range 1): 1 if equal."""
-    from torchmetrics.functional.image import structural_similarity_index_measure
-
-    return float(structural_similarity_index_measure(as_batch(image), as_batch(reference), data_range=1.0))
+    """Structural similarity of image against reference, data range 1, 1 if equal: torchmetrics' definition (Gaussian
+    window of sigma 1.5 and 11 pixels, reflected borders, k1 0.01, k2 0.03, mean over pixels and batch) in plain
+    torch, so a GPU host without torchmetrics computes it too."""
+    a, b = as_batch(image).double(), as_batch(reference).double()
+    if a.shape != b.shape:
+        raise ValueError(f"ssim: image batch {tuple(a.shape)} and reference batch {tuple(b.shape)} differ in shape")
+    sigma, size = 1.5, int(3.5 * 1.5 + 0.5) * 2 + 1
+    dist = torch.arange((1 - size) / 2, (1 + size) / 2, 1.0, dtype=torch.float64)
+    g = torch.exp(-((dist / sigma) ** 2) / 2)
+    g = (g / g.sum())[None]
+    channels = a.shape[1]
+    kernel = (g.T @ g).expand(channels, 1, size, size)
+    pad = (size - 1) // 2
+    a, b = (torch.nn.functional.pad(x, (pad, pad, pad, pad), mode="reflect") for x in (a, b))
+    out = torch.nn.functional.conv2d(torch.cat((a, b, a * a, b * b, a * b)), kernel, groups=channels).split(len(a))
+    mu_a2, mu_b2, mu_ab = out[0] ** 2, out[1] ** 2, out[0] * out[1]
+    var_a, var_b = (out[2] - mu_a2).clamp(min=0), (out[3] - mu_b2).clamp(min=0)
+    c1, c2 = 0.01**2, 0.03**2
+    full = (2 * mu_ab + c1) * (2 * (out[4] - mu_ab) + c2) / ((mu_a2 + mu_b2 + c1) * (var_a + var_b + c2))
+    return float(full.reshape(len(full), -1).mean(-1).mean())
 
 
 def judgeable(weights: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -74,8 +75,16 @@ def _clean(value: Any) -> Any:
 
 
 def append_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """Append rows to a JSON-lines file atomically: earlier lines are kept, and a crash leaves the old file."""
+    """Append rows to a JSON-lines file atomically: earlier lines are kept, a crash leaves the old file, and two
+    processes appending to the same file at once (the GPU check runs notebooks side by side) take turns."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _append_locked(path, rows)
+
+
+def _append_locked(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """append_rows' work, under its lock."""
     old = path.read_bytes() if path.exists() else b""
     if old and not old.endswith(b"\n"):
         raise ValueError(f"{path} does not end with a newline; refusing to append to a damaged results file")

@@ -171,3 +171,19 @@ def test_a_wrong_limit_is_caught(digits, monkeypatch):
     ref8, ref_labels, lim = quality._judge(str(quality.CLASSIFIER_DIR))
     monkeypatch.setattr(quality, "_judge", lambda folder: (ref8, ref_labels, lim | {"distance_ceiling": 0.0}))
     assert quality.recognized(images[held], labels[held]) < 0.05
+
+
+def test_ssim_is_torchmetrics_ssim_without_torchmetrics(digits):
+    """The plain-torch SSIM equals torchmetrics' (its defaults, data range 1) on noised digits and on RGB noise."""
+    from torchmetrics.functional.image import structural_similarity_index_measure as tm_ssim
+
+    images, _, _ = digits
+    ref = images[:4]
+    gen = torch.Generator().manual_seed(2)
+    for noise in (0.02, 0.2):
+        noised = (ref + noise * torch.randn(ref.shape, generator=gen)).clamp(0, 1)
+        assert quality.ssim(noised, ref) == pytest.approx(float(tm_ssim(noised, ref, data_range=1.0)), abs=1e-5)
+    a, b = torch.rand(2, 3, 64, 64, generator=gen), torch.rand(2, 3, 64, 64, generator=gen)
+    assert quality.ssim(a, b) == pytest.approx(float(tm_ssim(a, b, data_range=1.0)), abs=1e-5)
+    with pytest.raises(ValueError, match="differ in shape"):
+        quality.ssim(ref[:2], ref)

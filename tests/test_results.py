@@ -388,3 +388,23 @@ def test_every_committed_gap_outside_its_band_has_a_recorded_cause():
     causes = report.gaps()
     keys = set(zip(table["comparison"], table["hardware"]))
     assert all((c, h) in keys for c, h in zip(causes["comparison"], causes["hardware"]))  # no cause for nothing
+
+
+def test_concurrent_appends_keep_every_row(tmp_path):
+    """The GPU check runs 01 and 01 on SDXL side by side, appending to the same file: every row of both survives."""
+    import multiprocessing as mp
+
+    path = tmp_path / "hw" / "01_dtype.jsonl"
+    with mp.get_context("fork").Pool(4) as pool:  # fork: the workers share this process's imports
+        pool.starmap(_append_many, [(str(path), w) for w in range(4)])
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 * 25 and len(set(lines)) == 100
+
+
+def _append_many(path: str, worker: int) -> None:
+    from pathlib import Path
+
+    from helpers import results as res
+
+    for i in range(25):
+        res.append_rows(Path(path), [{"worker": worker, "i": i}])

@@ -30,9 +30,10 @@ if [ ! -f $VENV/.image-installed ]; then
     matplotlib pillow psutil pyyaml regex requests jinja2 aiohttp attrs click pygments packaging
   touch $VENV/.image-installed
 fi
-# torchmetrics is not in the bundle (tools/gpu_bundle.py): the host runs random weights, whose images helpers.quality
-# refuses to judge. The smoke profile judges the trained smoke model's digits, so the rehearsal adds it here.
-$VENV/bin/python -c "import torchmetrics" 2>/dev/null || $VENV/bin/python -m pip install -q torchmetrics==1.9.0
+# Neither torchmetrics nor scikit-learn is in the bundle (tools/gpu_bundle.py) or on the host: helpers.quality judges
+# digits (G0 runs the trained smoke model on the GPU) with plain torch and the shipped judge files, so the rehearsal
+# must not have them either: a notebook that imports one fails here as it would there.
+$VENV/bin/python -m pip uninstall -q -y torchmetrics scikit-learn 2>/dev/null || true
 $VENV/bin/python -c "import torch; print('rehearsal python', __import__('sys').version.split()[0], 'torch', torch.__version__)"
 rm -rf build/rehearsal build/rehearsal-site build/rehearsal-site-kernels
 GROUPS=${GROUPS:-G1}
