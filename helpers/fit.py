@@ -1,12 +1,22 @@
-"""GPU memory: the cap a run may use (GPU_MEMORY_GIB), so a big GPU stands for a smaller card's memory.
+"""GPU memory: what a notebook's full profile needs, whether it fits this GPU (or the cap GPU_MEMORY_GIB, which
+makes a big GPU stand for a smaller card's memory), and an out-of-memory row instead of a crash.
 
 `check_cap` validates the parameter before anything is built; `apply_cap` sets the CUDA caching allocator's limit
 so that the allocator plus the CUDA context (which lives outside the allocator) use at most the cap, as on a card
-of that size. A cap stands for a card's memory, never for its speed.
+of that size (a cap stands for a card's memory, never for its speed). `decide` says, from the weights counted by
+helpers.footprint and the peaks measured or published (each Need says which), whether a notebook's lesson fits
+and which of its parts must be skipped, with "needs N GiB, this GPU has M GiB"; params.resolve uses it to choose
+the profile, notebooks to skip a part; `table` is the README's "Which notebooks run on my GPU". `guard` turns an
+out-of-memory error into an 'oom' row with the figure.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 from dataclasses import dataclass
 
 import torch
@@ -67,3 +77,231 @@ def apply_cap(cap_gib: float, device: int = 0) -> Cap:
         raise CapError(f"GPU_MEMORY_GIB={cap_gib:g} leaves nothing beside the CUDA context ({ctx:.2f} GiB)")
     torch.cuda.set_per_process_memory_fraction(min(1.0, allocator / total), device)
     return Cap(cap_gib, total, ctx, allocator)
+
+
+# --- Will it fit: the full profile's peak per notebook part, against the GPU's memory (or the cap) ---
+
+# Weights of the full-size models in GiB, counted on the meta device by helpers.footprint (tests/test_fit.py holds
+# these to it): per component in 16-bit, and the NF4 DiT and T5 as bitsandbytes stores them.
+WEIGHTS_GIB: dict[str, dict[str, float]] = {
+    "flux-dev": {"transformer": 22.168, "text_encoder": 0.229, "text_encoder_2": 8.87, "vae": 0.156},
+    "sdxl": {"unet": 4.782, "text_encoder": 0.229, "text_encoder_2": 1.294, "vae": 0.156},
+}
+NF4_GIB: dict[str, float] = {"transformer": 6.239, "text_encoder_2": 4.019}
+# Flux-1-Dev's eager bf16 pipeline peaked at 33.85 GiB on the H200 (notebook 00, 2026-11-26,
+# torch.cuda.max_memory_allocated): 2.4 GiB above its 31.42 GiB of weights, the activations and workspace of a
+# 1024x1024 image (the VAE decode's, mostly).
+FLUX_EAGER_GIB = 33.85
+FLUX_ACTIVATIONS_GIB = round(FLUX_EAGER_GIB - sum(WEIGHTS_GIB["flux-dev"].values()), 2)
+COMPILE_WORKSPACE_GIB = 2.0  # an estimate (not measured yet): what inductor's kernels and graphs may add
+SDXL_ACTIVATIONS_GIB = 3.5  # an estimate (not measured yet): SDXL's UNet and VAE decode at 1024x1024 in fp16
+CONTEXT_GIB = 0.5  # the CUDA context, outside the allocator (estimated; fit.context_gib measures it on a GPU)
+MARGIN_GIB = 0.5  # kept free for the allocator's fragmentation: a peak must stay below the card less both
+MEMORY_CLASSES: tuple[int, ...] = (12, 16, 24, 32, 48, 80)  # the cards a learner has, in GiB (README table)
+
+
+@dataclass(frozen=True)
+class Need:
+    """One part of a notebook's full-profile run: the GPU memory it peaks at, and on what that figure rests."""
+
+    part: str
+    gib: float
+    basis: str
+    central: bool = False
+
+
+def _w(model: str, *names: str, nf4: tuple[str, ...] = ()) -> float:
+    """GiB of the named components' 16-bit weights (nf4: those stored in NF4 instead); all components if none."""
+    comps = WEIGHTS_GIB[model]
+    return sum(NF4_GIB[n] if n in nf4 else comps[n] for n in (names or tuple(comps)))
+
+
+def _flux_needs() -> dict[str, Need]:
+    """The parts Flux-1-Dev's notebooks run, and their peaks."""
+    eager = Need("eager pipeline", FLUX_EAGER_GIB, "measured: 00's eager bf16 peak on an H200 (2026-11-26)")
+    compiled = Need("compiled pipeline", round(FLUX_EAGER_GIB + COMPILE_WORKSPACE_GIB, 2),
+                    f"estimated: the measured eager peak + {COMPILE_WORKSPACE_GIB:g} GiB of compile workspace")
+    fp32 = round(2 * sum(WEIGHTS_GIB["flux-dev"].values()) + 2 * FLUX_ACTIVATIONS_GIB, 2)
+    return {
+        "eager": eager, "compiled": compiled,
+        "fp32": Need("fp32 reference pipeline", fp32, "estimated: fp32 weights (footprint) + twice the bf16 "
+                     "activations measured in 00"),
+        "model offload": Need("model CPU offload", 22.7, "published: the hands-on guide's peak on an H100 (GB read as "
+                              "GiB); the DiT alone holds 22.17 GiB"),
+        "sequential offload": Need("sequential CPU offload", round(FLUX_ACTIVATIONS_GIB + 1.0, 2),
+                                   "estimated: the 1024x1024 activations (00) + 1 GiB of layers in flight"),
+        "group offload": Need("group offload (block level)", round(FLUX_ACTIVATIONS_GIB + 1.0, 2),
+                              "estimated: the 1024x1024 activations (00) + one block group in flight (< 1 GiB)"),
+        "nf4": Need("NF4 pipeline", 15.0, "published: the hands-on guide's NF4 peak on an H100 (GB read as GiB)"),
+        "nf4 offload": Need("NF4 + model CPU offload", 12.2, "published: the hands-on guide's peak on an H100"),
+    }
+
+
+def _sdxl_needs() -> dict[str, Need]:
+    """The parts SDXL's notebooks run, and their peaks (estimated: no GPU run of SDXL yet)."""
+    w = sum(WEIGHTS_GIB["sdxl"].values())
+    return {
+        "eager": Need("eager pipeline", round(w + SDXL_ACTIVATIONS_GIB, 2),
+                      f"estimated: 16-bit weights (footprint) + {SDXL_ACTIVATIONS_GIB:g} GiB of 1024x1024 activations"),
+        "compiled": Need("compiled pipeline", round(w + SDXL_ACTIVATIONS_GIB + COMPILE_WORKSPACE_GIB, 2),
+                         f"estimated: the eager estimate + {COMPILE_WORKSPACE_GIB:g} GiB of compile workspace"),
+        "fp32": Need("fp32 reference pipeline", round(2 * w + 2 * SDXL_ACTIVATIONS_GIB, 2),
+                     "estimated: fp32 weights (footprint) + twice the 16-bit activations estimate"),
+    }
+
+
+# Which parts each notebook runs on the full profile, the central one first: the least memory that still shows the
+# lesson (08: an offload that fits the smallest card; 09: NF4 with offload); a part not listed is not run there. 11 reads rows only. 16's models have needs of their own (added with them).
+PARTS: dict[str, tuple[str, ...]] = {
+    "00_setup_and_baseline": ("eager",),
+    "01_dtype": ("fp32", "eager"),
+    "02_attention_sdpa": ("eager",),
+    "03_torch_compile": ("compiled", "eager"),
+    "04_regional_compilation": ("compiled", "eager"),
+    "05_dynamic_shapes": ("compiled",),
+    "06_graph_breaks": ("compiled",),
+    "07_scheduler_syncs": ("compiled",),
+    "08_cpu_offload": ("group offload", "model offload", "sequential offload", "eager"),
+    "09_nf4_quantization": ("nf4 offload", "nf4", "eager"),
+    "10_lora_hotswap": ("compiled",),
+    "11_reproduction_report": (),
+    "12_maximum_speed": ("compiled", "eager"),
+    "13_beyond_one_gpu": ("compiled",),
+    "14_caching_attention_steps": ("compiled", "eager"),
+}
+# What fits instead, named in a refusal: by model, the notebook or setting with the smallest need.
+INSTEAD: dict[str, str] = {
+    "flux-dev": ("MODEL='sdxl' (about 10 GiB), notebook 08 (model CPU offload: 22.7 GiB) or notebook 09 (NF4: "
+                 "15.0 GiB; NF4 + offload: 12.2 GiB, compile included)"),
+    "sdxl": "a GPU with more memory, or the smoke profile (PROFILE='smoke')",
+}
+
+
+def needs(notebook: str, model: str) -> list[Need]:
+    """The full-profile parts of a notebook for a model, the central one first (its lesson)."""
+    table = _flux_needs() if model == "flux-dev" else _sdxl_needs() if model == "sdxl" else {}
+    parts = [p for p in PARTS.get(notebook, ()) if p in table]
+    return [dataclasses.replace(table[p], central=(i == 0)) for i, p in enumerate(parts)]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a notebook does on a GPU of usable_gib for its full profile: run, and which parts skip and why."""
+
+    notebook: str
+    model: str
+    usable_gib: float
+    runs: bool
+    reason: str
+    skipped: dict[str, str]
+
+    def part(self, part: str) -> str:
+        """'' when the part fits, else the skip reason ('needs N GiB, this GPU has M GiB; ...')."""
+        return self.skipped.get(part, "")
+
+
+def usable_gib(total_gib: float, cap_gib: float | None = None) -> float:
+    """GiB a run may allocate: the card (or the cap standing for a smaller card) less the CUDA context and a margin
+    for the allocator's fragmentation."""
+    return round((cap_gib if cap_gib is not None else total_gib) - CONTEXT_GIB - MARGIN_GIB, 2)
+
+
+def decide(notebook: str, model: str, gpu_gib: float, cap_gib: float | None = None,
+           dtype_name: str = "bf16") -> Decision:
+    """Whether a notebook's full profile fits a GPU of gpu_gib (or a cap), part by part, before anything is built.
+
+    A part fits when its peak is below the usable memory (the card less the CUDA context and MARGIN_GIB); in fp32,
+    every 16-bit figure counts twice (estimated)."""
+    usable = usable_gib(gpu_gib, cap_gib)
+    card = f"{cap_gib:g} GiB (GPU_MEMORY_GIB)" if cap_gib is not None else f"{gpu_gib:.0f} GiB"
+    parts = needs(notebook, model)
+    if dtype_name == "fp32":
+        parts = [n if n.part.startswith("fp32") else
+                 dataclasses.replace(n, gib=round(2 * n.gib, 2), basis=f"estimated: twice the 16-bit figure ({n.basis})")
+                 for n in parts]
+    skipped = {n.part: f"needs {n.gib:.1f} GiB ({n.basis}), this GPU has {usable:.1f} GiB usable of {card}"
+               for n in parts if not n.gib < usable}
+    central = parts[0] if parts else None
+    if central is None or central.part not in skipped:
+        return Decision(notebook, model, usable, True, f"the full profile fits {card}", skipped)
+    why = f"its lesson ({central.part}) {skipped[central.part]}; fits instead: {INSTEAD.get(model, '')}"
+    return Decision(notebook, model, usable, False, why, skipped)
+
+
+# The notebooks that offer MODEL="sdxl" (the others teach on Flux-1-Dev only)
+SDXL_NOTEBOOKS = {"00_setup_and_baseline", "01_dtype", "02_attention_sdpa", "03_torch_compile", "08_cpu_offload",
+                  "12_maximum_speed"}
+
+
+def table() -> list[dict[str, str]]:
+    """Which notebooks run at full size on each memory class (README 'Which notebooks run on my GPU')."""
+    out = []
+    for nb in PARTS:
+        for model in ("flux-dev", "sdxl") if nb in SDXL_NOTEBOOKS else ("flux-dev",):
+            ns = needs(nb, model)
+            if not ns:
+                continue
+            row = {"notebook": nb[:2], "model": model, "lesson needs (GiB)": f"{ns[0].gib:.1f}"}
+            for gib in MEMORY_CLASSES:
+                d = decide(nb, model, gib)
+                row[f"{gib} GB"] = ("runs" if not d.skipped else "runs, skips " + ", ".join(d.skipped)) if d.runs \
+                    else "smoke"
+            out.append(row)
+    return out
+
+
+def readme_table() -> str:
+    """table() as the README's markdown (made by the same code that decides, so the two cannot drift)."""
+    rows = table()
+    cols = list(rows[0])
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(r[c] for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+README_REGION = "gpu-fit"
+
+
+def write_readme(readme: Path) -> bool:
+    """Rewrite the README's generated 'Which notebooks run on my GPU' table; True when it changed."""
+    text = readme.read_text()
+    start, end = f"<!-- {README_REGION}:start -->", f"<!-- {README_REGION}:end -->"
+    if start not in text or end not in text:
+        raise ValueError(f"{readme} has no {start} ... {end} region")
+    new = text.split(start)[0] + start + "\n" + readme_table() + "\n" + end + text.split(end)[1]
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m helpers.fit: regenerate the README's table
+    from helpers import paths
+
+    print("README.md", "rewritten" if write_readme(paths.ROOT / "README.md") else "unchanged")
+
+
+class Guard:
+    """What `guard` saw: whether the part ran out of memory, and the row it recorded then."""
+
+    def __init__(self) -> None:
+        self.oom = False
+        self.row: Any = None
+
+
+@contextlib.contextmanager
+def guard(writer: Any, scenario: str, **fields: Any) -> Iterator[Guard]:
+    """Run a part of a notebook; when it runs out of GPU memory (past the card, or past GPU_MEMORY_GIB), record an
+    'oom' row with what it tried to allocate and the peak so far, free the cache, and carry on: never a crash."""
+    seen = Guard()
+    try:
+        yield seen
+    except torch.OutOfMemoryError as err:
+        seen.oom = True
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        cap = getattr(writer.run, "gpu_memory_gib", None)
+        seen.row = writer.record(scenario, status="oom", reason=f"out of memory{f' under a {cap:g} GiB cap' if cap else ''}: "
+                                 f"{first[:300]}", peak_memory_bytes=peak,
+                                 memory_kind="cuda_max_allocated" if peak is not None else None, **fields)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

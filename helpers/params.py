@@ -20,8 +20,8 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 # image, so a smoke run there would teach the fallback instead of the lever; fp32 keeps the shares of the full run.
 DTYPE_CHOICES: tuple[str, ...] = ("auto", *DTYPES)
 
-# GPU memory the full profile needs: Flux-1-Dev in bf16 is ~33 GB of weights plus activations and
-# compile workspace; an 80 GB H100 and a 141 GB H200 both qualify, a 24 GB card does not.
+# Whether a notebook's full profile fits a GPU is decided per notebook, model and part by helpers.fit; this is only
+# the rule for a caller that is not a notebook of the collection (make reproduce's opening line).
 FULL_PROFILE_MIN_GPU_GIB = 40.0
 
 
@@ -168,37 +168,70 @@ def resolve_weights(weights: str, model: str, profile: str) -> tuple[str, str]:
     return "random", f"auto: random, because {why}"
 
 
+@dataclass(frozen=True)
+class Gpu:
+    """The CUDA GPU a run would use: its name, memory and whether it computes bf16 natively (compute capability 8+)."""
+
+    name: str
+    total_gib: float
+    bf16: bool
+
+
+def _gpu() -> Gpu | None:
+    """CUDA device 0, or None without CUDA (tests plant other GPUs here)."""
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return Gpu(torch.cuda.get_device_name(0), props.total_memory / 2**30, props.major >= 8)
+
+
 def _cuda_memory_gib() -> float:
     """Total memory of CUDA device 0 in GiB, or 0 without CUDA."""
-    if not torch.cuda.is_available():
-        return 0.0
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
+    gpu = _gpu()
+    return gpu.total_gib if gpu else 0.0
 
 
-def _resolve_profile(profile: str, cap_gib: float | None = None) -> tuple[str, str]:
-    """Turn PROFILE into smoke/full and say why (with a cap, the GPU counts as a card of cap_gib)."""
-    gib = _cuda_memory_gib()
-    name = torch.cuda.get_device_name(0) if gib else "no CUDA GPU"
-    if cap_gib is not None and gib:
-        gib, name = cap_gib, f"{name} capped at {cap_gib:g} GiB (GPU_MEMORY_GIB)"
-    big_enough = gib >= FULL_PROFILE_MIN_GPU_GIB
-    if profile == "auto":
-        if big_enough:
-            return "full", f"auto: {name} has {gib:.0f} GiB, enough for the full-size model"
-        why = f"{name} has {gib:.0f} GiB" if gib else "no CUDA GPU is visible"
-        return "smoke", f"auto: {why}; the full profile needs >= {FULL_PROFILE_MIN_GPU_GIB:.0f} GiB"
-    if profile == "full" and not big_enough:
-        raise ParameterError(
-            f"PROFILE='full' needs a CUDA GPU with >= {FULL_PROFILE_MIN_GPU_GIB:.0f} GiB; here: {name}"
-            f"{f' ({gib:.0f} GiB)' if gib else ''}. Use PROFILE='smoke' or 'auto'"
-        )
-    return profile, f"{profile}: chosen explicitly"
+def _resolve_profile(profile: str, notebook: str = "", model: str = "flux-dev", dtype_name: str = "bf16",
+                     cap_gib: float | None = None) -> tuple[str, str]:
+    """Turn PROFILE into smoke/full and say why: full only where the notebook's lesson fits this GPU's memory (or
+    the cap, GPU_MEMORY_GIB), decided by helpers.fit before anything is built."""
+    gpu = _gpu()
+    if gpu is None:
+        if profile == "full":
+            raise ParameterError("PROFILE='full' needs a CUDA GPU; here: no CUDA GPU. Use PROFILE='smoke' or 'auto'")
+        return ("smoke", "auto: no CUDA GPU is visible; the full profile needs one") if profile == "auto" \
+            else (profile, f"{profile}: chosen explicitly")
+    if profile == "smoke":
+        return "smoke", "smoke: chosen explicitly"
+    if notebook not in fit.PARTS:  # not a notebook of the collection (make reproduce's own check, a test)
+        big = (cap_gib or gpu.total_gib) >= FULL_PROFILE_MIN_GPU_GIB
+        if profile == "full" and not big:
+            raise ParameterError(f"PROFILE='full' needs >= {FULL_PROFILE_MIN_GPU_GIB:.0f} GiB; here: {gpu.name}. "
+                                 f"Use PROFILE='smoke' or 'auto'")
+        return ("full" if big else "smoke"), f"{profile}: {gpu.name} with {cap_gib or gpu.total_gib:.0f} GiB"
+    decision = fit.decide(notebook, model, gpu.total_gib, cap_gib, dtype_name)
+    if profile == "full" and not decision.runs:
+        raise ParameterError(f"PROFILE='full' on {gpu.name}: {decision.reason}. Or use PROFILE='smoke' or 'auto'")
+    if profile == "full":
+        return "full", f"full: chosen explicitly; {decision.reason}"
+    if decision.runs:
+        return "full", f"auto: full on {gpu.name}, because {decision.reason}"
+    return "smoke", f"auto: smoke on {gpu.name}, because {decision.reason}"
 
 
-def resolve_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
-    """Turn DTYPE into bf16/fp16/fp32 and say why ('auto': bf16 where native on device, else fp32)."""
+def resolve_dtype(dtype: str, device: torch.device, model: str = "flux-dev") -> tuple[str, str]:
+    """Turn DTYPE into bf16/fp16/fp32 and say why ('auto': bf16 where native on device; on a GPU without native bf16,
+    fp16 for SDXL and fp32 for Flux-1-Dev; on a CPU without it, fp32)."""
     if dtype != "auto":
         return dtype, f"{dtype}: chosen explicitly"
+    gpu = _gpu() if device.type == "cuda" else None
+    if gpu is not None and not gpu.bf16:
+        if model == "sdxl":
+            return "fp16", (f"auto: fp16, because {gpu.name} has no native bf16 (compute capability below 8.0); SDXL "
+                            f"runs in fp16 with its VAE kept in fp32 or the fp16-fixed VAE (notebook 01)")
+        return "fp32", (f"auto: fp32, because {gpu.name} has no native bf16 (compute capability below 8.0) and "
+                        f"Flux-1-Dev's T5-XXL overflows fp16 (diffusers keeps T5's `wo` in fp32 for it, notebook "
+                        f"01); fp16 would draw NaN. MODEL='sdxl' runs in fp16 here")
     not_native = precision.native_half_reason(device, "bf16")
     if not not_native:
         return "bf16", f"auto: bf16, which {device.type.upper()} computes natively here"
@@ -243,13 +276,13 @@ def resolve(
         cap = fit.check_cap(GPU_MEMORY_GIB, _cuda_memory_gib())
     except fit.CapError as err:
         raise ParameterError(str(err)) from None
-    profile, reason = _resolve_profile(PROFILE, cap)
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    dtype_name, dtype_reason = resolve_dtype(DTYPE, device, MODEL)
+    profile, reason = _resolve_profile(PROFILE, notebook, MODEL, dtype_name, cap)
     weights, weights_reason = resolve_weights(weights, MODEL, profile)
     settings = PROFILE_SETTINGS[profile]
     settings = replace(settings, repeats=REPEATS or settings.repeats,
                        warmup=settings.warmup if WARMUP is None else WARMUP)
-    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    dtype_name, dtype_reason = resolve_dtype(DTYPE, device)
     return Run(
         notebook=notebook,
         profile=profile,

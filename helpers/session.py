@@ -27,6 +27,18 @@ class Session:
         """Show an image or a grid, judged and recorded (gallery.Gallery.show)."""
         return self.gallery.show(images, prompts, title, **options)
 
+    def skip_reason(self, part: str) -> str:
+        """'' when a part of the notebook (helpers.fit's Need.part) fits this GPU on the full profile, else why not."""
+        if self.run.profile != "full" or not self.run.is_cuda:
+            return ""
+        gpu = params._gpu()
+        return fit.decide(self.run.notebook, self.run.model, gpu.total_gib if gpu else 0.0, self.run.gpu_memory_gib,
+                          self.run.dtype_name).part(part)
+
+    def guard(self, scenario: str, **fields: Any) -> Any:
+        """A part that may run out of GPU memory: an 'oom' row with the figure instead of a crash (fit.guard)."""
+        return fit.guard(self.writer, scenario, **fields)
+
     def show_committed(self, name: str, caption: str = "") -> list:
         """Show the figure of this name that a GPU run committed (gallery.Gallery.show_committed)."""
         return self.gallery.show_committed(name, caption)

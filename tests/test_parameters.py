@@ -1,6 +1,5 @@
 """Parameter validation: wrong values fail fast with the allowed ones named, and write nothing."""
 
-import time
 
 import papermill
 import pytest
@@ -30,7 +29,7 @@ def test_missing_weights_folder(tmp_path):
 
 
 def test_full_profile_without_big_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(params, "_cuda_memory_gib", lambda: 0.0)
+    monkeypatch.setattr(params, "_gpu", lambda: None)
     with pytest.raises(params.ParameterError, match="PROFILE='full' needs a CUDA GPU"):
         params.resolve("x", PROFILE="full")
     run = params.resolve("x", PROFILE="auto")
@@ -77,16 +76,20 @@ def _snapshot():
 @pytest.mark.notebook
 def test_bogus_profile_through_papermill_fails_fast_and_writes_nothing(tmp_path):
     before = _snapshot()
-    t0 = time.perf_counter()
     with pytest.raises(papermill.PapermillExecutionError) as err:
         papermill.execute_notebook(
             str(paths.NOTEBOOKS_DIR / "00_setup_and_baseline.ipynb"), str(tmp_path / "out.ipynb"),
             parameters={"PROFILE": "bogus"}, kernel_name="python3", cwd=str(paths.NOTEBOOKS_DIR),
             progress_bar=False, execution_timeout=120,
         )
-    elapsed = time.perf_counter() - t0
     assert "PROFILE='bogus' is not allowed; choose one of: 'auto', 'smoke', 'full'" in str(err.value)
-    assert elapsed < 60, f"the bad parameter took {elapsed:.0f} s to be reported"
+    # it failed in the setup cell, before any pipeline was built: no later code cell ran (no seconds asserted: a
+    # loaded machine may take long to start the kernel)
+    import nbformat
+    code = [c for c in nbformat.read(tmp_path / "out.ipynb", as_version=4).cells if c.cell_type == "code"]
+    failed = [i for i, c in enumerate(code) if any(o.get("output_type") == "error" for o in c.get("outputs", []))]
+    setup = next(i for i, c in enumerate(code) if "session.start(" in c.source)
+    assert failed == [setup] and all(c.get("execution_count") is None for c in code[setup + 1:])
     assert _snapshot() == before, "a failed validation wrote under data/results/"
 
 
