@@ -15,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from dataclasses import dataclass
 
 import torch
 

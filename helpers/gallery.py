@@ -15,8 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
-
 from helpers import paths, quality
 from helpers.results import ResultWriter
 

@@ -99,7 +99,7 @@ def test_a_planted_wrong_need_changes_the_decision(monkeypatch):
 
 def test_readme_table_is_the_code_s():
     readme = (paths.ROOT / "README.md").read_text()
-    region = re.search(r"<!-- gpu-fit:start -->\n(.*?)\n<!-- gpu-fit:end -->", readme, re.S)
+    region = re.search(r"<!-- gpu-fit:start -->\n(.*?)\n<!-- gpu-fit:end -->", readme, re.DOTALL)
     assert region, "README.md lacks the generated table (python -m helpers.fit writes it)"
     assert region.group(1) == fit.readme_table(), "README's table is stale: run python -m helpers.fit"
 

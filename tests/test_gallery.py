@@ -20,8 +20,8 @@ def pipe():
 
 
 def _draw(pipe, prompt=PROMPT, seed=0, **extra):
-    kwargs = dict(height=SMOKE.height, width=SMOKE.width, num_inference_steps=SMOKE.steps,
-                  guidance_scale=SMOKE.guidance, generator=torch.Generator().manual_seed(seed)) | extra
+    kwargs = {"height": SMOKE.height, "width": SMOKE.width, "num_inference_steps": SMOKE.steps,
+                  "guidance_scale": SMOKE.guidance, "generator": torch.Generator().manual_seed(seed)} | extra
     return pipe(prompt=prompt, **kwargs).images[0]
 
 

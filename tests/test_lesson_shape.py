@@ -28,7 +28,7 @@ def main_path(nb: dict) -> tuple[int, int]:
     words = code = 0
     for c in nb["cells"]:
         src = "".join(c["source"])
-        if c["cell_type"] == "markdown" and re.search(r"^#+\s*(\d+\.\s*)?going deeper", src, re.I | re.M):
+        if c["cell_type"] == "markdown" and re.search(r"^#+\s*(\d+\.\s*)?going deeper", src, re.IGNORECASE | re.MULTILINE):
             break
         if c["cell_type"] == "markdown":
             words += len(re.findall(r"[A-Za-z0-9][\w'.-]*", src))
