@@ -37,6 +37,8 @@ ITEM = "aten::item"
 # to it can be told from a copy to the host even after torch.device(...) normalises it.
 STAND_IN_DEVICE = torch.device("cpu", 0)
 SYNC_WARNING = "synchronizing CUDA operation"  # the text of the sync debug mode's warning
+# How a reader's line names the part of a loop a read or copy happened in (counted_loop's 'setup' and 'steps').
+PHASE_WORDS: dict[str, str] = {"setup": "while setting the schedule", "steps": "in the steps", "call": "in the call"}
 _DEVICE_DESCRIPTOR = torch.Tensor.device  # Tensor.device's getset descriptor; its __get__ reaches the mode
 _RECORDER_FRAMES = ("__torch_function__", "_caller", "_copy", "_record_copy")
 _SKIP_FILES = ("/torch/", "/contextlib.py")
@@ -44,7 +46,7 @@ _SKIP_FILES = ("/torch/", "/contextlib.py")
 
 @dataclass(frozen=True)
 class HostRead:
-    """One op that hands a tensor's value to the host: op, device ('stand-in device' in a modeled count), calling
+    """One op that hands a tensor's value to the host: op, device ('modeled' in a modeled count), calling
     line, device-placed or not, phase."""
 
     op: str
@@ -131,7 +133,7 @@ class SyncCounts:
     def fields(self, steps: int) -> dict[str, Any]:
         """What a result row records of a count over a loop of steps steps (whole-loop counts unless 'per_step')."""
         return {
-            "syncs_counted": "modeled: CPU stand-in device" if self.modeled else "counted on CUDA",
+            "syncs_counted": "modeled on a CPU" if self.modeled else "counted on CUDA",
             "syncs_per_loop": self.gpu_syncs, "setup_syncs": self.syncs_in("setup"),
             "step_syncs": self.syncs_in("steps"), "syncs_per_step": self.gpu_syncs / steps,
             "device_reads": self.device_reads, "blocking_copies": self.blocking_copies,
@@ -144,19 +146,19 @@ class SyncCounts:
     def table_row(self) -> dict[str, Any]:
         """One row of a reader's table: the whole loop's counts, columns named 'name (unit)'."""
         return {
-            "syncs in the loop (count)": self.gpu_syncs, "of which in set_timesteps (count)": self.syncs_in("setup"),
-            "of which in the steps (count)": self.syncs_in("steps"),
+            "syncs in the loop (count)": self.gpu_syncs, "while setting the schedule (count)": self.syncs_in("setup"),
+            "in the steps (count)": self.syncs_in("steps"),
             "reads of device values (count)": self.device_reads, "blocking copies (count)": self.blocking_copies,
             "host reads, any tensor (count)": self.host_reads,
             "sync-debug warnings (count)": self.cuda_sync_warnings,
         }
 
     def by_source(self) -> dict[str, int]:
-        """Reads and copies grouped by what they are, placement, phase and calling line."""
+        """Reads and copies grouped by what they are, placement, part of the loop (PHASE_WORDS) and calling line."""
         reads = (f"{r.op} of a {'device-placed' if r.device_placed else 'host'} tensor ({r.device}) "
-                 f"in {r.phase} at {r.source}" for r in self.reads)
-        copies = (f"{'blocking' if c.blocking else 'non-blocking'} copy {c.direction} in {c.phase} at {c.source}"
-                  for c in self.copies)
+                 f"{PHASE_WORDS.get(r.phase, r.phase)}, at {r.source}" for r in self.reads)
+        copies = (f"{'blocking' if c.blocking else 'non-blocking'} copy {c.direction} "
+                  f"{PHASE_WORDS.get(c.phase, c.phase)}, at {c.source}" for c in self.copies)
         return dict(Counter([*reads, *copies]))
 
 
@@ -288,7 +290,7 @@ class _Recorder(TorchFunctionMode):
             return STAND_IN_DEVICE if self.placed(args[0]) else func(*args, **kwargs)
         if func in _READ_FUNCS and args and isinstance(args[0], torch.Tensor):
             placed = self.placed(args[0])
-            device = "stand-in device" if self.modeled and placed else args[0].device.type
+            device = "modeled" if self.modeled and placed else args[0].device.type
             self.reads.append(HostRead(_READ_FUNCS[func], device, _caller(), placed, _PHASE[-1]))
         if func in _COPY_FUNCS:
             return self._copy(func, args, kwargs)

@@ -36,7 +36,7 @@ def test_scheduler_sync_rows(tmp_path):
 
     host_t = nb.row("syncs: sigmas and timesteps on cpu, begin_index set")["extra"]
     assert host_t["setup_syncs"] == 0 and host_t["step_syncs"] == host_t["blocking_copies"] == steps
-    assert all("copy host to device in steps" in k for k in host_t["syncs_by_source"])
+    assert all("copy host to device in the steps" in k for k in host_t["syncs_by_source"])
 
     euler = {p: nb.row(f"euler step syncs: sigmas on {p}")["extra"] for p in ("device", "cpu")}
     for p, extra in euler.items():
@@ -63,13 +63,18 @@ def test_scheduler_sync_rows(tmp_path):
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert {"sigmas on device: set_begin_index(0) saves exactly the two reads of index_for_timestep",
             "Flux, begin_index set: the placement of the sigmas does not change the count",
-            "sigmas on cpu, begin_index unset: one blocking copy in set_timesteps, the two reads of "
+            "sigmas on cpu, begin_index unset: one blocking copy while setting the schedule, the two reads of "
             "index_for_timestep in the steps",
             "timesteps on the CPU: nothing read or copied up front, one blocking copy per step",
             "Euler, sigmas on device: two reads of the sigma per step, 4 syncs in the steps",
             "Euler: fewer syncs with the sigmas on the CPU, in the loop and in the steps",
             "one compiled graph, reused by every setting without recompiling"} <= set(claims)
     assert not any("sync debug mode confirms" in c for c in claims), "the debug-mode claim needs CUDA"
+    # 17 claims of the notebook, plus the one the Checks cell adds for the shown image (helpers.gallery.claim)
+    assert len(claims) == 18, sorted(claims)
+    shown = nb.row("shown: one pipeline call")["extra"]
+    assert shown["judged"] is True and [g["holds"] for g in shown["grid"]] == [True], shown
+    assert claims["every image shown reads as its prompt's digit (a grid row: at least its floor)"]["holds"]
 
 
 @pytest.mark.parametrize("knob, value, message", [
