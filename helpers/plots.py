@@ -53,9 +53,11 @@ WRAP = 34  # characters per line of a category label on a sideways chart
 
 
 def bars(labels: Sequence[str], values: Sequence[float], *, title: str, xlabel: str, ylabel: str,
-         errors: Sequence[float] | None = None, note: str = "") -> plt.Figure:
-    """A labelled bar chart (optionally with error bars) with the value printed on each bar; drawn sideways, with
-    wrapped labels, when a label is longer than LONG_LABEL. xlabel names the categories, ylabel the values."""
+         errors: Sequence[float] | tuple[Sequence[float], Sequence[float]] | None = None,
+         note: str = "") -> plt.Figure:
+    """A labelled bar chart (optionally with error bars: one half-width per bar, or a pair (below, above) of lists,
+    e.g. median - fastest and slowest - median) with the value printed on each bar; drawn sideways, with wrapped
+    labels, when a label is longer than LONG_LABEL. xlabel names the categories, ylabel the values."""
     check_labels(title, xlabel, ylabel)
     sideways = any(len(str(label)) > LONG_LABEL for label in labels)
     if sideways:

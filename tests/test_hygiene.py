@@ -13,8 +13,8 @@ from papermill.translators import PythonTranslator
 from helpers import paths
 
 NOTEBOOKS = sorted(paths.NOTEBOOKS_DIR.glob("*.ipynb"))
-SECTIONS = ("What you will learn", "Runs on", "## Parameters", "## Setup", "## 1.", "## Results",
-            "## What we measured vs what was published", "## Takeaways", "## Further reading")
+SECTIONS = ("The recipe", "TL;DR", "What you will learn", "Runs on", "## Parameters", "## Setup", "## 1.", "## Takeaways",
+            "## Going deeper", "## Checks", "## Further reading")
 
 
 def test_names_are_ordered_and_contiguous():
