@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,11 +190,41 @@ def free_pipeline(*parts: Any) -> int:
     return 0
 
 
-def parity(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None]:
-    """Run the pipeline once; return the error ('' if it ran) and its latents' relative L2 to reference."""
+def parity_latents(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None, torch.Tensor | None]:
+    """Run the pipeline once; return the error ('' if it ran), its latents' relative L2 to reference, the latents."""
     out: dict[str, Any] = {}
     error = error_of(lambda: out.setdefault("latents", workloads.pipeline_call(pipe, run, output_type="latent")().images))
-    return error, (quantize.relative_l2(reference, out["latents"]) if out else None)
+    latents = out.get("latents")
+    return error, (quantize.relative_l2(reference, latents) if latents is not None else None), latents
+
+
+def parity(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None]:
+    """Run the pipeline once; return the error ('' if it ran) and its latents' relative L2 to reference."""
+    error, drift, _ = parity_latents(pipe, run, reference)
+    return error, drift
+
+
+CPU_COPY_BOUND = 1e-5  # relative L2: on a CPU, a copied weight can change the last bits of a float matmul's sum
+
+
+def copy_weights(pipe: Any) -> None:
+    """Copy every weight and buffer of a pipeline's models to fresh memory, as model offload's Module.to('cpu:0')
+    does on a CPU (the new memory is 64-byte aligned; weights read from a safetensors file need not be)."""
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            for tensor in [*module.parameters(), *module.buffers()]:
+                tensor.data = tensor.data.clone()
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b when both were measured, else None."""
+    return a / b if a and b else None
+
+
+def component_sizes(pipe: Any) -> dict[str, int]:
+    """Bytes of each model component of a pipeline (get_memory_footprint: parameters and buffers)."""
+    return {name: m.get_memory_footprint() for name, m in pipe.components.items()
+            if hasattr(m, "get_memory_footprint")}
 
 
 SCENARIO = {"eager": "eager", "regional": "regional compile", "compile": "compile"}  # variant -> row name suffix
@@ -237,11 +268,74 @@ class ModeChecks:
         """The variants measured for a mode: 'compile' (diffusers' recipe) only for group offload."""
         return [v for v in self.variants if v != "compile" or mode.startswith("group")]
 
-    def install(self, pipe: Any, mode: str, enable: Callable[[bool], None], use_stream: bool) -> dict[str, Any]:
-        """Call enable(stream) (the notebook's recipe); a stream refused (no accelerator backend) is retried without.
-        Records '<mode> offload: hooks' and returns what was installed."""
+    def check_fresh(self, pipe: Any) -> list[tuple[str, Any, Any, bool]]:
+        """On a freshly loaded pipeline: that it carries no offload hooks and, without a CUDA GPU, that diffusers
+        refuses the plain enable_model_cpu_offload() (kept as default_call_error for the hooks rows); the claims."""
+        hooks = hook_summary(pipe)
+        count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
+        out = [("a freshly loaded pipeline carries no offload hooks", count, 0, count == 0)]
+        if not self.run.is_cuda:
+            self.default_call_error = error_of(pipe.enable_model_cpu_offload)
+            out.append(("without an accelerator diffusers refuses the plain call", self.default_call_error,
+                        "... accelerator ...", "accelerator" in self.default_call_error))
+        return out
+
+    def no_offload_compiled(self, pipe: Any) -> list[tuple[str, Any, Any, bool]]:
+        """Regional compile without offload, the speedup to compare against: measured on a CUDA GPU (the claim
+        that it ran without a recompile is returned), else a skipped row (on a CPU it is notebook 04's subject)."""
+        scenario = "no offload regional compile"
+        if "regional" not in self.variants:
+            return []
+        if not self.run.is_cuda:
+            self.rows.record(scenario, status="skipped", offload_mode="none", variant="regional",
+                             reason="compile is measured here only beside offloading, which needs a CUDA GPU; "
+                                    "regional compile without offload on this CPU is notebook 04's subject")
+            return []
+        self.measure_compiled(pipe, scenario, "regional",
+                              lambda p, _: pipelines.denoiser(p).compile_repeated_blocks(fullgraph=True),
+                              offload_mode="none")
+        got = self.get(scenario), self.get(scenario, "recompiles")
+        return [(f"{scenario}: measured, no recompile after warm-up", got, ("ok", 0), got == ("ok", 0))]
+
+    def against_no_offload(self, mode: str) -> dict[str, float | None]:
+        """A mode's eager peak and latency over no offload's, and its compile speedups (None where not measured)."""
+        eager_s = self.ok(f"{mode} offload eager", "latency_median_s")
+        return {"peak memory / no offload (x)": ratio(self.ok(f"{mode} offload eager", "peak_memory_bytes"),
+                                                      self.ok("no offload eager", "peak_memory_bytes")),
+                "latency / no offload (x)": ratio(eager_s, self.ok("no offload eager", "latency_median_s")),
+                "compile speedup under offload (x)": ratio(eager_s, self.ok(f"{mode} offload regional compile",
+                                                                            "latency_median_s")),
+                "whole-model compile speedup under offload (x)": ratio(eager_s, self.ok(f"{mode} offload compile",
+                                                                                        "latency_median_s"))}
+
+    def full_profile_claims(self, ratios: Any, left_after_free: dict[str, int],
+                            weights_bytes: int) -> list[tuple[str, Any, Any, bool]]:
+        """Full profile on a GPU (tiny models are too small: activations outweigh their weights): a freed pipeline
+        leaves < 1% of its weights allocated; sequential peaks below model offload; the compile speedup under model
+        offload is smaller than without offload."""
+        out = [("freeing a pipeline leaves less than 1% of its weights allocated", max(left_after_free.values()),
+                f"< {0.01 * weights_bytes:.3g}", all(b < 0.01 * weights_bytes for b in left_after_free.values()))]
+        if {"model", "sequential"} <= set(ratios.index):
+            peaks = ratios["peak memory / no offload (x)"]
+            out.append(("sequential offload peaks below model offload", peaks["sequential"], f"< {peaks['model']:.3g}",
+                        peaks["sequential"] < peaks["model"]))
+        base = ratio(self.ok("no offload eager", "latency_median_s"),
+                     self.ok("no offload regional compile", "latency_median_s"))
+        speedup = ratios["compile speedup under offload (x)"].get("model") if len(ratios) else None
+        if base and speedup is not None and not math.isnan(speedup):
+            out.append(("the compile speedup under model offload is smaller than without offload", speedup,
+                        f"< {base:.3g}", speedup < base))
+        return out
+
+    def install(self, pipe: Any, mode: str, enable: Callable[[bool], None] | None = None,
+                use_stream: bool = False) -> dict[str, Any]:
+        """Call enable(stream) (the notebook's recipe); a stream refused (no accelerator backend) is retried without;
+        enable None: the notebook made the call itself. Records '<mode> offload: hooks' and returns what was
+        installed."""
         stream_error = install_error = ""
-        if mode.startswith("group") and use_stream:
+        if enable is None:
+            pass
+        elif mode.startswith("group") and use_stream:
             stream_error = error_of(lambda: enable(True))
             install_error = error_of(lambda: enable(False)) if stream_error else ""
         else:
@@ -249,23 +343,31 @@ class ModeChecks:
         info = {"hooks": hook_summary(pipe), "install_error": install_error, "stream_error": stream_error,
                 "stream_requested": mode.startswith("group") and use_stream,
                 "stream": mode.startswith("group") and use_stream and not stream_error,
-                "execution_device": "" if install_error else str(pipe._execution_device)}
+                "execution_device": "" if install_error else str(pipe._execution_device),
+                "weights_at_once": None if install_error else installed_weights_at_once(pipe, mode)}
         self.rows.record(f"{mode} offload: hooks", status="failed" if install_error else "ok",
                          reason=f"enabling {mode} offload raised {install_error}" if install_error else "",
                          offload_mode=mode, onload_device=str(self.run.device),
                          execution_device=info["execution_device"], hooks=info["hooks"], use_stream=info["stream"],
-                         stream_error=stream_error, default_call_error=self.default_call_error)
+                         stream_error=stream_error, default_call_error=self.default_call_error,
+                         weights_at_once_bytes=info["weights_at_once"])
         self.info[mode] = info
         return info
 
     def parity(self, pipe: Any, mode: str, scenario: str = "", **extra: Any) -> tuple[str, float | None]:
         """Run the offloaded pipeline once against the no-offload latents; record '<mode> offload: parity'."""
         install_error = self.info.get(mode, {}).get("install_error", "")
-        run_error, drift = (install_error, None) if install_error else parity(pipe, self.run, self.reference)
+        run_error, drift, latents = ((install_error, None, None) if install_error
+                                     else parity_latents(pipe, self.run, self.reference))
+        self.info.setdefault(mode, {})["latents"] = latents
         self.rows.record(scenario or f"{mode} offload: parity", status="failed" if run_error else "ok",
                          reason=f"the offloaded pipeline did not run: {run_error}" if run_error else "",
                          offload_mode=mode, execution_device=str(pipe._execution_device), run_error=run_error,
                          drift_vs_no_offload=drift, **extra)
+        hooks = hook_summary(pipe)
+        count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
+        print(f"{scenario or mode + ' offload'}: {count} hooks; " + (f"did not run here: {run_error[:90]}" if run_error
+              else f"latents against no offload's: relative L2 {drift:.3g}"))
         return run_error, drift
 
     def _failure(self, scenario: str, err: BaseException, **extra: Any) -> None:
@@ -356,22 +458,25 @@ class ModeChecks:
         return pipe
 
     def summary(self, mode: str) -> dict[str, Any]:
-        """One line of the per-mode table: hooks, execution device, parity, the fullgraph trace, GPU figures."""
+        """One line of the per-mode table: hooks, parity, the fullgraph trace, then the GPU latencies (one column
+        saying so where nothing was timed). A check not made yet reads as where it is made."""
         hooks = self.get(f"{mode} offload: hooks", "hooks") or {}
         parity_row = f"{mode} offload: parity"
         if self.get("sequential offload: stand-in parity") and mode == "sequential":
             parity_row = "sequential offload: stand-in parity"
+        later = "on a CPU: its stand-in, Going deeper"
+        trace = f"{mode} offload: fullgraph trace"
         out = {"offload hooks (count)": sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values()),
-               "execution device": self.get(f"{mode} offload: hooks", "execution_device"),
-               "output checked on": "accelerate stand-in" if "stand-in" in parity_row else "diffusers' call",
-               "latents vs no offload (relative L2)": self.ok(parity_row, "drift_vs_no_offload"),
-               "hooks in repeated blocks (count)": self.get(f"{mode} offload: fullgraph trace",
-                                                            "hooks_in_repeated_blocks"),
-               "blocks trace as one graph": self.get(f"{mode} offload: fullgraph trace", "traced")}
-        for variant in SCENARIO:
-            scenario = f"{mode} offload {SCENARIO[variant]}"
-            out[f"{SCENARIO[variant]} latency (s)"] = self.ok(scenario, "latency_median_s") or self.get(scenario) or "—"
-        return out
+               "latents vs no offload (relative L2)": self.ok(parity_row, "drift_vs_no_offload")
+               if self.get(parity_row) == "ok" else later if mode == "sequential" else self.get(parity_row),
+               "hooks in repeated blocks (count)": self.get(trace, "hooks_in_repeated_blocks")
+               if self.get(trace) else later,
+               "blocks trace as one graph": self.get(trace, "traced") if self.get(trace) else later}
+        timed = {f"{SCENARIO[v]} latency (s)": self.ok(f"{mode} offload {SCENARIO[v]}", "latency_median_s")
+                 for v in SCENARIO}
+        if not any(timed.values()):
+            return out | {"latency (s)": "not timed: " + ("no CUDA GPU" if not self.run.is_cuda else "see its rows")}
+        return out | {k: "—" if v is None else v for k, v in timed.items()}
 
     def claims(self, mode: str) -> list[tuple[str, Any, Any, bool]]:
         """What must hold for one mode, from its rows: (claim, measured, expected, holds), for checks.Checks.add."""
@@ -412,7 +517,9 @@ class ModeChecks:
                         "TypeError / runs", linear["cpu:0"].startswith("TypeError") and linear["cpu"] == "runs"))
             parity_row = "sequential offload: stand-in parity"
         drift = self.get(parity_row, "drift_vs_no_offload")
-        bound = 1e-2 if self.run.is_cuda else 0.0
+        # a GPU: transfers and kernels may differ in rounding; a CPU: bit for bit, except that model offload's
+        # Module.to('cpu:0') copies the weights, which can move a float sum's last bits (Going deeper of notebook 08)
+        bound = 1e-2 if self.run.is_cuda else CPU_COPY_BOUND if mode == "model" else 0.0
         out.append((f"{mode} offload leaves the latents unchanged" + (" (accelerate stand-in)" if "stand-in" in
                                                                        parity_row else ""),
                     drift if drift is not None else self.get(parity_row, "reason"), f"<= {bound:g} (relative L2)",
@@ -432,8 +539,8 @@ class ModeChecks:
         if "compile" in self.mode_variants(mode):
             trace = f"{mode} offload: compile trace"
             out.append((f"{mode} offload: diffusers' whole-model compile runs, breaks at the hooks, matches eager",
-                        f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
-                        f"matches {self.get(trace, 'matches_eager')}", "> 0 breaks, 0 recompiles, matches True",
+                        (f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
+                         f"matches {self.get(trace, 'matches_eager')}"), "> 0 breaks, 0 recompiles, matches True",
                         self.get(trace, "traced") is True and (self.get(trace, "graph_breaks") or 0) > 0
                         and self.get(trace, "recompiles") == 0 and self.get(trace, "matches_eager") is True))
             out.append((f"{mode} offload: dynamo compiled with the raised recompile_limit",
@@ -469,3 +576,76 @@ class ModeChecks:
                         [self.recompile_limit], self.get(whole) == "ok"
                         and self.get(whole, "recompile_limit_at_compile") == [self.recompile_limit]))
         return out
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of tensors as stored (numel x element size), each tensor counted once; meta tensors count too."""
+    unique = {id(t): t for t in tensors}
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+def _group_offload_groups(module: torch.nn.Module) -> list[Any]:
+    """The distinct groups (diffusers' ModuleGroup) whose group-offloading hooks sit on module or its submodules."""
+    groups: dict[int, Any] = {}
+    for m in module.modules():
+        registry = getattr(m, "_diffusers_hook", None)
+        hook = registry.get_hook("group_offloading") if registry is not None else None
+        if hook is not None:
+            groups[id(hook.group)] = hook.group
+    return list(groups.values())
+
+
+def _group_bytes(group: Any) -> int:
+    """Bytes of the weights one group-offloading group moves to the accelerator together."""
+    return _bytes([t for m in group.modules for t in (*m.parameters(), *m.buffers())]
+                  + list(group.parameters) + list(group.buffers))
+
+
+def _own_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's own parameters and buffers (not its children's)."""
+    return _bytes([*module.parameters(recurse=False), *module.buffers(recurse=False)])
+
+
+WEIGHTS_AT_ONCE_MODES: tuple[str, ...] = ("none", *MODES)  # "none": no offload
+
+
+def weights_at_once(components: dict[str, torch.nn.Module], mode: str, blocks_per_group: int = 1) -> int:
+    """The most weight bytes an offload mode holds on the accelerator at once (a floor: activations, and with a
+    stream the prefetched next group, come on top). components are modified (hooks): pass meta-device copies.
+
+    none: every component; model: the largest component (it moves whole); sequential: the largest module's own
+    parameters and buffers (accelerate hooks every module that holds some); group_block / group_leaf: the largest
+    group diffusers' own group-offloading hooks form, installed here with the meta device as the offload device,
+    so nothing is copied."""
+    if mode not in WEIGHTS_AT_ONCE_MODES:
+        raise ValueError(f"mode={mode!r}: one of {WEIGHTS_AT_ONCE_MODES}")
+    sizes = {name: _bytes([*m.parameters(), *m.buffers()]) for name, m in components.items()}
+    if mode == "none":
+        return sum(sizes.values())
+    if mode == "model":
+        return max(sizes.values())
+    if mode == "sequential":
+        return max(_own_bytes(m) for c in components.values() for m in c.modules())
+    from diffusers.hooks import apply_group_offloading
+
+    largest = 0
+    for module in components.values():
+        apply_group_offloading(module, onload_device=torch.device("cpu"), offload_device=torch.device("meta"),
+                               offload_type="block_level" if mode == "group_block" else "leaf_level",
+                               num_blocks_per_group=blocks_per_group if mode == "group_block" else None)
+        largest = max([largest, *(_group_bytes(g) for g in _group_offload_groups(module))])
+    return largest
+
+
+def installed_weights_at_once(pipe: Any, mode: str) -> int:
+    """The same floor read off the hooks an offload mode installed on a pipeline: the largest component under model
+    offload's CpuOffload hooks, the largest group-offloading group, or the largest module accelerate's sequential
+    hooks move (its own parameters and buffers, wherever they sit now, meta included)."""
+    modules = {name: m for name, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    if mode == "model":
+        return max(_bytes([*m.parameters(), *m.buffers()]) for m in modules.values() if hasattr(m, "_hf_hook"))
+    if mode == "sequential":
+        return max(_own_bytes(m) for c in modules.values() for m in c.modules() if hasattr(m, "_hf_hook"))
+    if mode in ("group_block", "group_leaf"):
+        return max(_group_bytes(g) for c in modules.values() for g in _group_offload_groups(c))
+    raise ValueError(f"mode={mode!r}: one of {MODES}")

@@ -453,3 +453,47 @@ def time_compiled(call: Any, latents_call: Any, device: torch.device, *, repeats
             "graph_breaks": first.graph_breaks + steady.graph_breaks, "recompiles": steady.recompiles,
             "latents": latents, "compiles_traced": len(seen),
             "dynamic_shapes_at_compile": config_held(seen, "capture_dynamic_output_shape_ops", True)}
+
+
+def record_compiled(rows: Any, scenario: str, c: dict[str, Any], eager_latents: torch.Tensor, eager_drift: float,
+                    compile_kind: str, **extra: Any) -> list[tuple[str, Any, Any, bool]]:
+    """Record what time_compiled measured as the row `scenario` (a failed row with the reason otherwise), print one
+    line, and return its claims (claim, measured, expected, holds): no graph breaks and no recompiles after warm-up,
+    capture_dynamic_output_shape_ops on in every compile, and finite latents closer to eager NF4 than
+    COMPILE_DRIFT_SHARE of NF4's own drift."""
+    ok = c["status"] == "ok"
+    if not ok:
+        rows.record(scenario, status="failed", reason=c["reason"], compile_kind=compile_kind, **extra)
+        print(f"{scenario}: {c['reason']}")
+    else:
+        c["vs_eager"], c["finite"] = relative_l2(eager_latents, c["latents"]), bool(c["latents"].isfinite().all())
+        rows.record(scenario, timing=c["timing"], memory=c["memory"], compile_s=c["compile_s"],
+                    recompiles=c["recompiles"], graph_breaks=c["graph_breaks"], compile_kind=compile_kind,
+                    graphs_compiled=c["graphs"], drift_vs_eager_nf4=c["vs_eager"], outputs_finite=c["finite"],
+                    compiles_traced=c["compiles_traced"],
+                    capture_dynamic_output_shape_ops_at_compile=c["dynamic_shapes_at_compile"], **extra)
+        print(f"{scenario}: first call {c['compile_s']:.1f} s ({c['graphs']} graphs), then median "
+              f"{c['timing'].median_s:.3f} s; latents vs eager NF4: relative L2 {c['vs_eager']:.2e}")
+    return [(f"{scenario}: ran without graph breaks, and without recompiles after warm-up",
+             f"{c['graph_breaks']} breaks, {c['recompiles']} recompiles" if ok else c["reason"], "0 and 0",
+             ok and c["graph_breaks"] == 0 and c["recompiles"] == 0),
+            (f"{scenario}: capture_dynamic_output_shape_ops was on in every compile",
+             c.get("dynamic_shapes_at_compile"), True, ok and c["dynamic_shapes_at_compile"] is True),
+            (f"{scenario}: finite, and closer to eager NF4 than half of NF4's drift", c.get("vs_eager"),
+             f"< {COMPILE_DRIFT_SHARE * eager_drift:.3g}",
+             ok and c["finite"] and not compile_drift_problem(c["vs_eager"], eager_drift))]
+
+
+def time_eager(call: Any, latents_call: Any, device: torch.device, *, repeats: int, warmup: int) -> dict[str, Any]:
+    """Measure an uncompiled pipeline call: its timing (warm-up, then the median), its peak memory and its final
+    latents (latents_call)."""
+    from helpers import measure
+
+    timing = measure.time_callable(call, device, repeats=repeats, warmup=warmup)
+    memory, _ = measure.peak_memory(call, device)
+    return {"timing": timing, "memory": memory, "latents": latents_call()}
+
+
+def speedup(eager_timing: Any, compiled: dict[str, Any]) -> float | None:
+    """Eager median over the compiled median of time_compiled's result, None where compiling failed."""
+    return eager_timing.median_s / compiled["timing"].median_s if compiled["status"] == "ok" else None

@@ -5,8 +5,9 @@ measurements with reasons, the Checks cell, and fail-fast knobs."""
 import math
 
 import pytest
+import torch
 
-from helpers import params
+from helpers import footprint, offload, params
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -48,9 +49,17 @@ def test_offload_rows(tmp_path):
         if mode == "sequential":  # diffusers passes cpu:0, which accelerate's leaf hooks cannot handle on a CPU
             assert parity["status"] == "failed" and parity["extra"]["run_error"].startswith("TypeError")
             assert parity["extra"]["drift_vs_no_offload"] is None
+        elif mode == "model":  # Module.to('cpu:0') copies the weights: at most the last bits move, exactly as a copy
+            copied = nb.row("model offload: weights copied, no offload")["extra"]
+            assert parity["status"] == "ok" and parity["extra"]["run_error"] == ""
+            assert 0.0 <= parity["extra"]["drift_vs_no_offload"] <= offload.CPU_COPY_BOUND
+            assert copied["equals_model_offload"] is True
+            assert copied["drift_vs_no_offload"] == parity["extra"]["drift_vs_no_offload"]
         else:
             assert parity["status"] == "ok" and parity["extra"]["run_error"] == ""
             assert parity["extra"]["drift_vs_no_offload"] == 0.0
+        # the weights a mode holds at once, read off its installed hooks
+        assert hooks_row["extra"]["weights_at_once_bytes"] > 0
 
         # for Flux only model offload's hooks sit outside the blocks: the others stop fullgraph tracing
         trace = nb.row(f"{mode} offload: fullgraph trace")
@@ -100,7 +109,16 @@ def test_offload_rows(tmp_path):
     assert "offload ratios" not in set(rows["scenario"])  # no GPU, no ratios: nothing is invented
     assert (rows[rows["status"] != "ok"]["reason"].str.len() > 20).all()
     assert set(rows[rows["status"] == "failed"]["scenario"]) == {"sequential offload: parity"}
-    assert (nb.figures_dir / "cpu" / "08_cpu_offload_hooks_per_mode.png").stat().st_size > 1000
+    assert (nb.figures_dir / "cpu" / "08_cpu_offload_weights_at_once.png").stat().st_size > 1000
+    # the full-size floor of each mode, counted on the meta device with diffusers' own hooks: model offload holds the
+    # DiT whole, block-level group offload all of T5 (its blocks sit one level down), leaf level one layer
+    at_once = nb.row("full-size weights at once")["extra"]["weights_bytes"]
+    full = footprint.component_bytes(footprint.meta_components("flux-dev", "full", torch.bfloat16), torch.bfloat16)
+    assert at_once["none"] == sum(full.values()) and at_once["model"] == full["transformer"]
+    assert at_once["group_block"] == full["text_encoder_2"]
+    assert at_once["sequential"] == at_once["group_leaf"] < 2**30 < at_once["group_block"] < at_once["model"]
+    shown = nb.row("shown: no offload and model offload, same seed")["extra"]  # a digit, the same in both rows
+    assert shown["judged"] is True and [g["share"] for g in shown["grid"]] == [1.0, 1.0]
     assert "not measured" in nb.text() and "tiny model: no comparison" in nb.text()
 
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
@@ -112,7 +130,10 @@ def test_offload_rows(tmp_path):
                 "on a CPU, diffusers' sequential offload fails with the TypeError of the device cpu:0",
                 "accelerate's cpu_offload fails with the device 'cpu:0' and runs with 'cpu'",
                 "sequential offload leaves the latents unchanged (accelerate stand-in)",
-                "model offload: no hook in the blocks, so they trace as one graph"}
+                "model offload: no hook in the blocks, so they trace as one graph",
+                "on a CPU, model offload's latents equal the reference's with its weights copied, bit for bit",
+                "weights at once: the meta-device count equals what the installed hooks move, per mode",
+                "every image shown reads as its prompt's digit (a grid row: at least its floor)"}
     for mode in MODES:
         expected.add(f"{mode} offload: enabling it works")
     for mode in ("model", "group_block", "group_leaf"):
@@ -137,6 +158,47 @@ def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=f"{knob}.*{allowed}"):
         run_setup("08_cpu_offload", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
+
+
+def test_weights_at_once_counts_what_the_hooks_move():
+    """The meta-device count of notebook 08 against the hooks installed on a real module; a planted wrong group
+    size (two blocks per group counted against one installed) must differ."""
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 64), torch.nn.Linear(64, 8), torch.nn.Linear(8, 8)])
+
+    class Pipe:
+        def __init__(self, net: torch.nn.Module) -> None:
+            self.components = {"net": net}
+
+    one = offload.weights_at_once({"net": Net().to("meta")}, "group_block", 1)
+    two = offload.weights_at_once({"net": Net().to("meta")}, "group_block", 2)
+    assert one == (8 * 64 + 64) * 4 and two == ((8 * 64 + 64) + (64 * 8 + 8)) * 4 != one
+    assert offload.weights_at_once({"net": Net().to("meta")}, "group_leaf") == (8 * 64 + 64) * 4
+    assert offload.weights_at_once({"net": Net()}, "none") == sum(p.numel() * 4 for p in Net().parameters())
+    from diffusers.hooks import apply_group_offloading
+
+    net = Net()
+    apply_group_offloading(net, onload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
+    assert offload.installed_weights_at_once(Pipe(net), "group_block") == one != two
+    with pytest.raises(ValueError, match="mode="):
+        offload.weights_at_once({"net": Net()}, "disk")
+
+
+def test_copy_weights_moves_every_tensor():
+    """offload.copy_weights puts every weight in fresh memory with the same values (the cause model offload's
+    last-bit drift on a CPU is checked against)."""
+    class Pipe:
+        def __init__(self) -> None:
+            self.components = {"net": torch.nn.Linear(4, 4), "name": "not a module"}
+
+    pipe = Pipe()
+    before = {n: (t.data_ptr(), t.clone()) for n, t in pipe.components["net"].named_parameters()}
+    offload.copy_weights(pipe)
+    for n, t in pipe.components["net"].named_parameters():
+        assert t.data_ptr() != before[n][0] and torch.equal(t, before[n][1])
 
 
 def pd_isna(value) -> bool:
