@@ -1,7 +1,9 @@
 """Attention implementations for notebook 02: a naive processor, forced SDPA backends, and the attention calls alone.
 
-Notebook 02 writes its own naive attention and processor out in a cell and passes them to the functions here
-(`naive=`, `attend=`); the versions below are the defaults, used by the unit tests."""
+Notebook 02 writes its own naive attention and processor out in cells (a processor class whose `__call__` computes
+attention itself, installed with `set_attn_processor`) and passes them to the functions here (`naive=`, `attend=`);
+the versions below are the defaults, used by the unit tests. Calls of torch's SDPA are seen with a
+`TorchFunctionMode` (`record_calls`), which replaces nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
 from helpers import measure, params, precision
 
@@ -58,7 +61,8 @@ def naive_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 @contextlib.contextmanager
 def sdpa_replaced(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
-    """Inside the block, torch.nn.functional.scaled_dot_product_attention is fn (what diffusers' processors call)."""
+    """Inside the block, torch.nn.functional.scaled_dot_product_attention is fn (process-wide: for unit tests only;
+    a notebook installs a processor that computes attention itself)."""
     original = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = fn
     try:
@@ -67,11 +71,22 @@ def sdpa_replaced(fn: Callable[..., torch.Tensor]) -> Iterator[None]:
         F.scaled_dot_product_attention = original
 
 
-_sdpa_replaced = sdpa_replaced
+class _SdpaRedirect(TorchFunctionMode):
+    """Inside the block (this thread only), each call of torch's SDPA runs fn instead; nothing is replaced."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor]) -> None:
+        """fn takes SDPA's arguments."""
+        super().__init__()
+        self.fn = fn
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """fn for SDPA, the function itself for anything else."""
+        return (self.fn if func is F.scaled_dot_product_attention else func)(*args, **(kwargs or {}))
 
 
 class NaiveAttnProcessor:
-    """Wraps a denoiser's own attention processor (projections, norms, rotary) and swaps only its SDPA call for naive."""
+    """Wraps a denoiser's own attention processor (projections, norms, rotary) and sends only its SDPA call to
+    naive_attention (a model-agnostic default for the unit tests; notebook 02 writes a processor out)."""
 
     def __init__(self, inner: Any) -> None:
         """Keep the processor being wrapped, and show diffusers its signature."""
@@ -83,14 +98,16 @@ class NaiveAttnProcessor:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped processor with naive_attention in place of torch SDPA."""
-        with sdpa_replaced(naive_attention):
+        with _SdpaRedirect(naive_attention):
             return self.inner(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def implementation(module: torch.nn.Module, name: str, naive: type = NaiveAttnProcessor) -> Iterator[None]:
-    """Inside the block module's attention runs with the named implementation: for "naive" every attention processor
-    wrapped in naive(processor), for an SDPA backend that backend forced; "sdpa" leaves SDPA to choose."""
+def implementation(module: torch.nn.Module, name: str,
+                   naive: Callable[[Any], Any] = NaiveAttnProcessor) -> Iterator[None]:
+    """Inside the block module's attention runs with the named implementation: for "naive" each attention processor
+    replaced by naive(that processor) (a class or a function making the naive one), for an SDPA backend that backend
+    forced; "sdpa" leaves SDPA to choose."""
     if name not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {name!r}; allowed: {IMPLEMENTATIONS}")
     if name == "sdpa":
@@ -109,8 +126,9 @@ def implementation(module: torch.nn.Module, name: str, naive: type = NaiveAttnPr
 
 
 def with_implementation(fn: Callable[[], Any], module: torch.nn.Module, name: str,
-                        naive: type = NaiveAttnProcessor) -> Callable[[], Any]:
-    """A callable running fn with module's attention set to the named implementation (naive: the processor class)."""
+                        naive: Callable[[Any], Any] = NaiveAttnProcessor) -> Callable[[], Any]:
+    """A callable running fn with module's attention set to the named implementation (naive: makes the naive
+    processor from the model's own)."""
     def call() -> Any:
         with implementation(module, name, naive):
             return fn()
@@ -146,15 +164,15 @@ class AttentionCall:
 
 
 def record_calls(fn: Callable[[], Any]) -> tuple[list[AttentionCall], Any]:
-    """Run fn once and return the shapes of every torch SDPA call it made, and fn's result."""
+    """Run fn once and return the shapes of every torch SDPA call it made, and fn's result (seen through a
+    TorchFunctionMode: each call still runs torch's SDPA)."""
     calls: list[AttentionCall] = []
-    original = F.scaled_dot_product_attention
 
     def recording(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         calls.append(AttentionCall(tuple(query.shape), tuple(key.shape), tuple(value.shape)))
-        return original(query, key, value, *args, **kwargs)
+        return F.scaled_dot_product_attention(query, key, value, *args, **kwargs)
 
-    with sdpa_replaced(recording):
+    with _SdpaRedirect(recording):
         out = fn()
     return calls, out
 
@@ -224,7 +242,7 @@ class StepMeasurement:
 
 
 def measure_step(step: Callable[[], Any], module: torch.nn.Module, name: str, calls: list[AttentionCall], run: Any,
-                 naive: type = NaiveAttnProcessor,
+                 naive: Callable[[Any], Any] = NaiveAttnProcessor,
                  attend: Callable[..., torch.Tensor] = naive_attention) -> StepMeasurement:
     """Time step with module's attention set to name and take its peak memory and output, counting the attention
     calls that did not reach torch's SDPA (all of them for naive, none otherwise); then time and measure the same

@@ -1,5 +1,6 @@
-"""Notebook 02 on the smoke profile: the naive processor and the forced SDPA backends over resolutions, the whole
-pipeline, the batch sweep and the fp32/fp16 gains; every claim of its Checks cell holds."""
+"""Notebook 02 on the smoke profile: the naive processor (a processor class of the notebook's own, installed with
+set_attn_processor) and the forced SDPA backends over resolutions, the whole pipeline, the batch sweep and the
+fp32/fp16 gains; the images shown are judged; every claim of its Checks cell holds."""
 
 import re
 
@@ -96,6 +97,18 @@ def test_attention_rows(tmp_path, model):
     for fig in ("latency_vs_resolution", "memory_vs_resolution"):
         assert (nb.figures_dir / "cpu" / f"02_attention_sdpa_{fig}{suffix}.png").stat().st_size > 1000
     assert "not measured" in text
+    # the naive attention in view: a processor class whose __call__ computes attention, installed by name, and no
+    # process-wide replacement of torch's SDPA
+    code = [c.source for c in nb.notebook.cells if c.cell_type == "code"]
+    assert any("class NaiveFluxAttnProcessor" in c and "def __call__(self, attn, hidden_states" in c
+               and "naive_attention(" in c for c in code)
+    assert any("net.set_attn_processor({name: naive_processor(p)" in c for c in code)
+    assert not any("sdpa_replaced" in c or "F.scaled_dot_product_attention =" in c for c in code)
+    # the images shown: judged as the prompt's digit on the trained Flux, noise by design on SDXL's random weights
+    for title in ("the pipeline with SDPA (diffusers' default)", "the pipeline with naive attention and with SDPA"):
+        shown = nb.row(f"shown: {title}")["extra"]
+        assert shown["judged"] == (model == "flux-dev"), shown
+        assert all(g["holds"] for g in shown["grid"]) and len(shown["grid"]) == (2 if "naive" in title else 1) * shown["judged"]
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     expected = CLAIMS | {f"naive attention agrees with SDPA ({dtype})",
