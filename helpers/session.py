@@ -23,9 +23,9 @@ class Session:
         """The gallery every shown image goes through."""
         self.gallery = gallery.Gallery(self.writer)
 
-    def show(self, images: Any, prompts: str | list[str], title: str, **options: Any) -> dict[str, Any]:
-        """Show an image or a grid, judged and recorded (gallery.Gallery.show)."""
-        return self.gallery.show(images, prompts, title, **options)
+    def show(self, images: Any, prompts: str | list[str], title: str, **options: Any) -> None:
+        """Show an image or a grid, judged and recorded (gallery.Gallery.show; its verdicts are in s.gallery's rows)."""
+        self.gallery.show(images, prompts, title, **options)
 
     def skip_reason(self, part: str) -> str:
         """'' when a part of the notebook (helpers.fit's Need.part) fits this GPU on the full profile, else why not."""

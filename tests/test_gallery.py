@@ -38,7 +38,7 @@ def test_digit_in_prompt():
 
 def test_shown_digit_is_judged_and_claimed(tmp_path, pipe, capsys):
     s = _session(tmp_path)
-    got = s.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "the image")
+    got = s.gallery.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "the image")
     assert got["judged"] and got["rows"][0]["holds"]
     assert "asked for a 7; the judge reads a 7" in capsys.readouterr().out
     claims = checks.Checks()
@@ -51,7 +51,7 @@ def test_old_call_without_max_sequence_length_fails_the_checks(tmp_path, pipe):
     """Planted: 08's and 12's first call left out max_sequence_length (T5 pads to 512 tokens against a model trained
     on 32); the image is a texture, and the Checks cell now says so."""
     s = _session(tmp_path)
-    got = s.show(_draw(pipe), PROMPT, "the image")
+    got = s.gallery.show(_draw(pipe), PROMPT, "the image")
     assert got["judged"] and not got["rows"][0]["holds"]
     claims = checks.Checks()
     claims.add("something", 1, 1, True)
@@ -65,14 +65,14 @@ def test_grid_row_below_its_floor_fails(tmp_path, pipe):
     prompts = [quality.prompt(d) for d in range(3)]
     good = [_draw(pipe, p, max_sequence_length=msl) for p in prompts]
     bad = [_draw(pipe, p) for p in prompts]
-    got = s.show([good, bad], prompts, "two rows", labels=["ok", "padded"], floor=0.6)
+    got = s.gallery.show([good, bad], prompts, "two rows", labels=["ok", "padded"], floor=0.6)
     assert [r["holds"] for r in got["rows"]] == [True, False]
     assert not gallery.claim(s.writer)[3]
 
 
 def test_random_weights_are_said_to_be_noise(tmp_path, capsys):
     s = _session(tmp_path, weights="random")
-    got = s.show(torch.rand(3, 128, 128), PROMPT, "noise")
+    got = s.gallery.show(torch.rand(3, 128, 128), PROMPT, "noise")
     assert not got["judged"]
     assert "random weights: the image is noise by design" in capsys.readouterr().out
     assert gallery.claim(s.writer) is None
