@@ -22,6 +22,9 @@ import safetensors
 import safetensors.torch
 import torch
 from peft import LoraConfig
+from tqdm.auto import tqdm
+
+from helpers import params
 
 # The attention projections of Flux's double-stream and single-stream blocks (image stream and output).
 ATTENTION_PROJECTIONS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
@@ -244,3 +247,45 @@ def separated_adapter(pipe: Any, folder: Path, rank: int, *, seed: int, output: 
     shown = ", ".join(f"scale {s:.3g}: {d:.3g}" for s, d in seen[-6:])
     raise RuntimeError(f"{folder}: no scale of the seed-{seed} rank-{rank} adapter puts its output between "
                        f"{gap:.3g} and {top:.3g} from the nearest given output in {tries} tries ({shown})")
+
+
+# --- what notebook 10 calls: its knobs, its adapters, its bad files ---
+
+def check_knobs(ranks: Any, target_rank: Any, gap: Any) -> tuple[list[int], int]:
+    """RANKS, TARGET_RANK and ADAPTER_GAP checked: (the ranks, the target rank), or ParameterError naming the rule."""
+    checked = params.check_positive_ints("RANKS", ranks)
+    if len(checked) < 3 or len(set(checked)) != len(checked) or any(isinstance(r, bool) for r in checked):
+        raise params.ParameterError(f"RANKS={ranks!r} must be at least three distinct positive integers, e.g. [4, 8, 16]")
+    target = max(checked) if target_rank is None else target_rank
+    if isinstance(target, bool) or not (isinstance(target, int) and target >= max(checked)):
+        raise params.ParameterError(f"TARGET_RANK={target_rank!r} must be None or an integer >= max(RANKS) = "
+                                    f"{max(checked)}: hot-swap pads every adapter to it and cannot shrink one")
+    if isinstance(gap, bool) or not (isinstance(gap, (int, float)) and 8 <= gap <= 16):
+        raise params.ParameterError(f"ADAPTER_GAP={gap!r} must be a number from 8 to 16 (parity tolerances), e.g. 10")
+    return checked, target
+
+
+def separated_adapters(pipe: Any, folder: Path, ranks: Sequence[int], *, seed: int, gap: float,
+                       output: Callable[[], torch.Tensor], base: torch.Tensor) -> dict[int, SeparatedAdapter]:
+    """One separated_adapter per rank (seed + rank), each kept gap apart from base and from the adapters before it."""
+    made: dict[int, SeparatedAdapter] = {}
+    for r in tqdm(ranks, desc="adapters, scaled apart"):
+        made[r] = separated_adapter(pipe, Path(folder) / f"rank{r}", r, seed=seed + r, gap=gap, output=output,
+                                    apart_from=[base] + [m.output for m in made.values()])
+    return made
+
+
+def bad_files(pipe: Any, folder: Path, first_rank: int, target_rank: int, *, seed: int) -> dict[str, Path]:
+    """Two adapters hot-swap must refuse: one of rank 2 x target_rank, one of the first rank that also targets
+    add_k_proj, a layer the attention-projection adapters leave alone."""
+    net = pipe.transformer
+    return {"rank above target": make_adapter(pipe, Path(folder) / "bad_rank", 2 * target_rank, seed=seed + 1000),
+            "untargeted layer": make_adapter(pipe, Path(folder) / "bad_layer", first_rank, seed=seed + 2000,
+                                             layers=target_layers(net) + target_layers(net, ("add_k_proj",)))}
+
+
+def scaled_copy(pipe: Any, folder: Path, dest: Path, factor: float) -> Path:
+    """A copy of an adapter with every lora_B multiplied by factor (its update factor times as strong), saved as the
+    pipeline class saves one: same layers, same rank, so it can be hot-swapped in where the original can."""
+    state = {k.removeprefix("transformer."): v for k, v in read_adapter(folder).items()}
+    return save_adapter(type(pipe), dest, scaled_state_dict(state, factor), max(layer_ranks(state).values()))

@@ -395,3 +395,49 @@ def published_split_line(strategy: str, degree: int, split_s: float | None, sing
               f"{one / many:.2f}x ({one:g} s -> {many:g} s per image on {degree}x H100 with torch.compile)")
     return (f"{strategy}-{degree} speedup over one process: this run ({hardware}, {profile} profile) {mine} "
             f"({status}); published: {theirs} ({XDIT_SOURCE})")
+
+
+# --- what notebook 13 reads back from a run ---
+
+def rows_of_run(results_dir: Path, hardware: str, notebook: str, run_id: str) -> pd.DataFrame:
+    """The rows one notebook run wrote (its own and its torchrun workers', which share its run id)."""
+    rows = results.read_rows(results_dir, hardware=hardware, notebook=notebook)
+    return rows[rows["run_id"] == run_id].reset_index(drop=True) if not rows.empty else rows
+
+
+def split_fields(measured: pd.DataFrame, strategy: str, degree: int) -> dict[str, Any]:
+    """The fields of the ok row of a split step (its extra fields and latency_median_s); {} when there is none."""
+    hit = measured[(measured["scenario"] == scenario(strategy, degree)) & (measured["status"] == "ok")]
+    if len(hit) != 1:
+        return {}
+    r = hit.iloc[0]
+    return dict(r["extra"]) | {"latency_median_s": r["latency_median_s"]}
+
+
+def split_summary(fields: dict[str, Any], on_paper: int) -> dict[str, Any]:
+    """One table row for a split step: parity, bytes counted and on paper, collective calls, step time."""
+    latency = fields.get("latency_median_s")
+    return {"rel. L2 vs single": fields.get("rel_error"), "sent per step (bytes)": fields.get("bytes_sent_per_step"),
+            "on paper (bytes)": on_paper, "collective calls per step": sum(fields.get("calls_by_collective", {}).values()),
+            "step (ms)": None if latency is None else latency * 1e3}
+
+
+def record_scaling(writer: results.ResultWriter, table: pd.DataFrame, t1_s: float, t1_source: str,
+                   g: Geometry) -> None:
+    """Record each prediction of a scaling_table as a row 'scaling model: <strategy>-<N> H100'."""
+    for _, r in table.iterrows():
+        n = int(r["GPUs"])
+        writer.record(f"scaling model: {r['strategy']}-{n} H100", strategy=r["strategy"], degree=n,
+                      predicted_step_s=r["predicted step (ms)"] / 1e3, t1_s=t1_s, t1_source=t1_source,
+                      sent_per_rank_per_step_bytes=analytic_bytes(r["strategy"], g, n)["total"],
+                      bandwidth_bytes_per_s=NVLINK_H100_BYTES_PER_S)
+
+
+def scaling_shown(table: pd.DataFrame, t1_s: float) -> pd.DataFrame:
+    """A scaling_table for reading: the predicted speedup over t1 beside xDiT's published one (its 1-GPU image time
+    over its N-GPU one), in place of the predicted/published ratio."""
+    xdit_1 = published(XDIT_SOURCE, xdit_scenario("", 1), required=True)
+    shown = table.drop(columns="predicted / published")
+    shown["predicted speedup (x)"] = t1_s * 1e3 / shown["predicted step (ms)"]
+    shown["xDiT published speedup (x)"] = xdit_1 / pd.to_numeric(shown["xDiT published image (s)"])
+    return shown

@@ -109,7 +109,7 @@ def test_report_on_gpu_fixture(tmp_path):
     # the README lists the measured comparisons only, and counts the rest in one line
     region = readme.read_text().split(report.README_START)[1].split(report.README_END)[0]
     listed = [line.split(" | ")[0].lstrip("| ") for line in region.splitlines() if line.startswith("| ")]
-    assert set(f.split("/")[1] for f in row["factors"]) <= set(listed) and "eager-latency" in listed
+    assert {f.split("/")[1] for f in row["factors"]} <= set(listed) and "eager-latency" in listed
     assert "nf4-latency" not in listed and f"{len(row['factors'])} of {row['comparisons']} comparisons" in region
     # a figure measured on another GPU class than the published one (SGLang's H200 seconds, here on an H100) is
     # listed with its value and no factor; only the comparisons without a value are counted as unmeasured
@@ -145,3 +145,45 @@ def test_brief_summary_lists_measured_comparisons_and_counts_the_rest():
     only_cpu = report.summary_markdown(table[table["hardware"] == "cpu"], pd.DataFrame(), generated_by="t",
                                        brief=True)
     assert report.READING_GUIDE not in only_cpu and "| comparison |" not in only_cpu
+
+
+def test_reasons_fold_by_kind_and_nothing_is_hidden():
+    """Unit test of the short tables of sections 3 and 4 (report.reason_kind, report.by_reason), on planted reasons."""
+    kinds = report.SKIP_KINDS
+    assert report.reason_kind("Sage Attention backend 'sage' is not usable because of missing package", kinds) \
+        == "attention backend: package or Hub download absent"
+    assert report.reason_kind("context parallelism needs 2 or more GPUs; this machine has 1", kinds).startswith(
+        "needs two or more GPUs")
+    assert report.reason_kind("model offload moves weights ...; this machine has no CUDA GPU", kinds).startswith(
+        "needs a CUDA GPU")
+    # a reason no pattern knows is its own kind: its first clause, not a catch-all that hides it
+    assert report.reason_kind("the offloaded pipeline did not run: TypeError: new() ...", kinds) == \
+        "the offloaded pipeline did not run"
+    assert report.reason_kind("needs 4 H100s; the lent machines have one", report.UNCOVERED_KINDS).startswith(
+        "needs several GPUs")
+    gaps = pd.DataFrame({"hardware": ["cpu"] * 4, "status": ["skipped", "skipped", "skipped", "failed"],
+                         "notebook": ["14_x", "14_x", "02_y", "08_z"],
+                         "reason": ["backend 'a' is not usable because of missing package",
+                                    "downloads its kernel from the Hugging Face Hub at run time",
+                                    "torch has no sdpa-cudnn kernel for cpu bfloat16", "it did not run: TypeError"]})
+    folded = report.by_reason(gaps, "reason", kinds, "notebook", keys=("hardware", "status"))
+    assert int(folded["count"].sum()) == len(gaps) and len(folded) == 3
+    hub = folded[folded["why"].str.startswith("attention backend")].iloc[0]
+    assert hub["count"] == 2 and hub["notebook"] == "14 ×2"
+    # the notebook's claim that the folded tables count every row can fail: a row without a hardware is not counted
+    planted = gaps.assign(hardware=["cpu", None, "cpu", "cpu"])
+    assert int(report.by_reason(planted, "reason", kinds, "notebook", keys=("hardware", "status"))["count"].sum()) \
+        == len(gaps) - 1
+
+
+def test_verdict_line_counts_the_verdicts_of_one_machine():
+    table = pd.DataFrame([
+        {"comparison": "a", "measured": "1.5x", "measured / published": 1.02, "verdict": "within ±15%"},
+        {"comparison": "b", "measured": "1.1x", "measured / published": 0.7, "verdict": "worse than published"},
+        {"comparison": "c", "measured": "5.1 s", "measured / published": None,
+         "verdict": "not compared: published on H100, measured on h200"},
+        {"comparison": "d", "measured": "—", "measured / published": None, "verdict": "not measured: no rows"}])
+    assert report.verdict_line(table) == (
+        "2 of 4 comparisons compared: 1 within their band, 1 worse than published; 1 not compared: published on H100, "
+        "measured on h200; 1 of 4 comparisons have no measurement here: 1 not measured: no rows.")
+    assert report.verdict_line(table.iloc[3:]).startswith("0 of 1 comparisons compared; 1 of 1")

@@ -46,8 +46,13 @@ def test_split_step_rows(tmp_path):
                 f"{strategy}-2: split output of the single-process one (rel. L2)",
                 f"{strategy}-2: bytes counted from the collectives = on paper"} <= set(claims)
     assert "at 4 GPUs the model favours Ulysses, which sends less (predicted step, ms)" in claims
+    # both images go through s.show, labelled, judged as the prompt's digit: the single-process one, then the pair
+    assert nb.row("shown: one process")["extra"]["judged"] is True
+    pair = nb.row("shown: whole vs split")["extra"]
+    assert pair["judged"] and [g["label"] for g in pair["grid"]] == ["one process", "ulysses-2"], pair
+    assert all(g["holds"] and g["share"] == 1.0 for g in pair["grid"]), pair
+    assert "every image shown reads as its prompt's digit (a grid row: at least its floor)" in claims
     text = nb.text()
-    assert "<PIL.Image.Image image mode=RGB size=128x128>" in text, "the single-process image is displayed"
     assert text.count("tiny model: no comparison") == 2 and "xDiT flux performance doc" in text
     assert "Nothing to compare" in text
     assert (nb.figures_dir / "cpu" / "13_beyond_one_gpu_step_latency.png").stat().st_size > 1000
@@ -62,3 +67,34 @@ def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
     with pytest.raises(params.ParameterError, match=message):
         run_setup("13_beyond_one_gpu", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
+
+
+def test_split_fields_summary_and_scaling_rows(tmp_path):
+    """Unit test of what the notebook reads back (parallel.split_fields, split_summary) and records (record_scaling)."""
+    import pandas as pd
+    import torch
+
+    from helpers import environment, results
+
+    measured = pd.DataFrame([
+        {"scenario": "denoiser step: ulysses-2", "status": "ok", "latency_median_s": 0.04,
+         "extra": {"rel_error": 0.0, "bytes_sent_per_step": 40960, "calls_by_collective": {"a": 24, "b": 1}}},
+        {"scenario": "denoiser step: ring-2", "status": "failed", "latency_median_s": None, "extra": {}}])
+    x = parallel.split_fields(measured, "ulysses", 2)
+    assert x["latency_median_s"] == 0.04 and x["bytes_sent_per_step"] == 40960
+    assert parallel.split_fields(measured, "ring", 2) == {}, "a failed row gives no fields: its claims fail"
+    summary = parallel.split_summary(x, 40960)
+    assert summary["collective calls per step"] == 25 and summary["step (ms)"] == pytest.approx(40.0)
+    assert parallel.split_summary({}, 1)["step (ms)"] is None
+    full = parallel.profile_geometry("full", height=1024, width=1024, text_tokens=512, dtype=torch.bfloat16)
+    table = parallel.scaling_table(0.16, full, ["ulysses", "ring"])
+    shown = parallel.scaling_shown(table, 0.16)
+    assert "predicted / published" not in shown and shown["xDiT published speedup (x)"].iloc[0] == pytest.approx(
+        4.30 / 2.68)
+    run = params.resolve("13_beyond_one_gpu", PROFILE="smoke", RESULTS_DIR=str(tmp_path))
+    writer = results.ResultWriter(run, environment.environment_card(torch.device("cpu"), torch.float32))
+    parallel.record_scaling(writer, table, 0.16, "planted", full)
+    assert [r.scenario for r in writer.rows][:2] == ["scaling model: ulysses-2 H100", "scaling model: ring-2 H100"]
+    assert len(writer.rows) == len(table) and writer.rows[2].extra["sent_per_rank_per_step_bytes"] == \
+        parallel.analytic_bytes("ulysses", full, 4)["total"]
+    assert parallel.rows_of_run(tmp_path, "cpu", run.notebook, writer.run_id).shape[0] == len(table)
