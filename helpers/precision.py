@@ -267,8 +267,8 @@ def probe_denoiser(pipe: Any, run: Any, exact_guidance: float, like: DenoiserPro
 def initial_noise(pipe: Any, height: int, width: int, seed: int, batch: int = 1) -> torch.Tensor:
     """The pipeline's starting latents for seed, drawn in fp32 on the CPU as its fp32 call draws them, then rounded
     to its denoiser's dtype: the same noise in every format (pass it as `latents=`). Asked for fp16 or bf16 values, a
-    CPU generator need not draw the fp32 values rounded (torch 2.11 does not; 2.13 does for sizes that are a multiple
-    of 16), so a generator alone can give each format its own noise. Flux takes packed latents; SDXL the unscaled noise,
+    CPU generator need not draw the fp32 values rounded (torch 2.11 does not; 2.13 does for some sizes, not for all),
+    so a generator alone can give each format its own noise. Flux takes packed latents; SDXL the unscaled noise,
     which it multiplies by init_noise_sigma."""
     from diffusers.utils.torch_utils import randn_tensor
 
@@ -374,3 +374,40 @@ def each_notice_once() -> Iterator[None]:
             yield
     finally:
         logger.removeFilter(once)
+
+
+def weights_fingerprint(pipe: Any) -> dict[str, tuple[str, float, float]]:
+    """Per parameter of every model component ('component.name'): its dtype, and the sum and the sum of squares of its
+    values (float64, on its device): equal fingerprints for the same values, so a cast pipeline and a pipeline loaded
+    in that dtype can be compared without holding both."""
+    with torch.no_grad():
+        return {f"{name}.{k}": (str(p.dtype).removeprefix("torch."), float(p.double().sum()),
+                                float(p.double().square().sum()))
+                for name, module in _modules(pipe).items() for k, p in module.named_parameters()}
+
+
+def record_format(writer: Any, name: str, pipe: Any, m: FormatMeasurement, probe: DenoiserProbe,
+                  ref: DenoiserProbe, reference_images: Any, reference_switches: dict[str, Any],
+                  exact_guidance: float) -> dict[str, Any]:
+    """Record a format's rows 'denoiser step <name>' and 'pipeline <name>' (timings, memory, weight bytes, what the
+    load kept in fp32, the drift of the denoiser's output and of the image from the fp32 reference) through writer;
+    return its line of the notebook's table (seconds, MiB, drifts, all finite)."""
+    from helpers import pipelines  # here: pipelines imports params, which imports this module
+
+    run = writer.run
+    out, exact = drift(probe.out, ref.out), drift(probe.exact_out, ref.exact_out)
+    image = drift(m.images, reference_images)
+    weights = parameter_bytes(pipe)
+    writer.record(f"denoiser step {name}", timing=m.step, dtype=name, rel_l2=out.rel_l2, max_abs=out.max_abs,
+                  finite=out.finite and exact.finite, rel_l2_exact_guidance=exact.rel_l2,
+                  exact_guidance=exact_guidance if run.model == "flux-dev" else None,
+                  denoiser_weight_bytes=parameter_bytes(pipelines.denoiser(pipe)),
+                  reduced_precision_switches=m.switches, reference_switches=reference_switches)
+    writer.record(f"pipeline {name}", timing=m.pipeline, memory=m.memory, dtype=name, image_rel_l2=image.rel_l2,
+                  image_max_abs=image.max_abs, image_finite=image.finite, weight_bytes=weights,
+                  kept_in_fp32=kept_in_fp32(pipe) if name in ("fp16", "bf16") else {},
+                  not_native_reason=native_half_reason(run.device, name),
+                  top_allocators=dict(list(m.allocations.items())[:4]), top_cpu_seconds=m.cpu_seconds)
+    return {"step_s": m.step.median_s, "pipeline_s": m.pipeline.median_s, "peak_mib": m.memory.peak_bytes / 2**20,
+            "weights_mib": weights / 2**20, "rel_l2": out.rel_l2, "rel_l2_exact": exact.rel_l2,
+            "image_rel_l2": image.rel_l2, "finite": out.finite and exact.finite and image.finite}

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from helpers import measure, params, precision
+from helpers import gallery, measure, params, paths, precision, results
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -37,17 +37,54 @@ def test_baseline_rows(tmp_path):
         assert base["weights"] == "data/models/flux-dev-smoke"
         drawn = nb.row("digits drawn")["extra"]
         assert drawn["recognized"] > 0.5 and claims["the classifier reads the prompted digit (share of 0-9)"]["holds"]
+        for title, n in (("the prompt's image", 1), ("the ten digits", 1)):  # judged as the prompts' digits
+            shown = nb.row(f"shown: {title}")["extra"]
+            assert shown["judged"] and len(shown["grid"]) == n and all(g["holds"] for g in shown["grid"]), shown
+        assert nb.row("shown: the ten digits")["extra"]["grid"][0]["floor"] == 0.9
+        assert claims["every image shown reads as its prompt's digit (a grid row: at least its floor)"]["holds"]
     assert (nb.figures_dir / "cpu" / "00_setup_and_baseline_time_per_component.png").stat().st_size > 1000
     assert "not measured" in nb.text()
+    # the lesson in view: the load and the call run in plain sight, the image judged, the bar named for what it holds
+    code = [c.source for c in nb.notebook.cells if c.cell_type == "code"]
+    assert any("Pipeline.from_pretrained(run.weights, dtype=run.dtype)" in c for c in code)
+    assert any("image = pipe(prompt=PROMPT" in c and "s.show(image, PROMPT" in c for c in code)
+    assert any('"denoiser, all steps"' in c for c in code)
+    lesson = _lesson(nb)
+    # the TL;DR line: the project's committed H200 seconds beside SGLang's published H200 figure (report.headline)
+    assert "TL;DR, eager latency: measured by this project: " in lesson and "published: 5.58 s on H200" in lesson
+    # the committed GPU split is shown in the lesson, and its share line agrees with the committed rows
+    committed = gallery.committed_figures("00_setup_and_baseline", "time_per_component")
+    for hardware, _ in committed:
+        assert f"committed GPU run on {hardware}, full profile" in lesson
+        gpu = results.read_rows(paths.RESULTS_DIR, hardware=hardware, notebook="00_setup_and_baseline")
+        sec = {r.scenario: r.latency_median_s * r.extra["calls_per_image"] for r in gpu.itertuples()
+               if r.scenario in ("text encoders", "denoiser step", "vae decode")}
+        share = 100 * sec["denoiser step"] / sum(sec.values())
+        assert f"{hardware}: the denoiser takes {share:.1f}% of the three parts'" in lesson
+        assert share > 90, "on the GPU the denoiser is almost all of the time (the lesson's claim)"
+    # the smoke timings sit in the lesson only beside the published figure and a caveat
+    assert "tiny model: no comparison" in lesson
 
 
 def test_baseline_sdxl(tmp_path):
     """SDXL's UNet (convolutions): runs to the end, its fraction of the matmul peak checked where the peak binds."""
     nb = run_notebook("00_setup_and_baseline", tmp_path, MODEL="sdxl")
     assert set(nb.rows["status"]) == {"ok"} and set(nb.rows["model"]) == {"sdxl"}
+    # random weights: the image is shown as noise by design, not judged, and no digit grid is drawn
+    assert nb.row("shown: the prompt's image")["extra"]["judged"] is False and "noise by design" in nb.text()
+    assert not nb.rows["scenario"].isin(["digits drawn", "shown: the ten digits"]).any()
+    if not gallery.committed_figures("00_setup_and_baseline", "time_per_component", "sdxl"):
+        assert "no GPU run of this figure is committed yet" in _lesson(nb)
     flops = nb.row("denoiser flops")["extra"]
     assert flops["flops_per_step"] > 0
     measure.check_fraction_of_peak(flops["fraction_of_peak"], flops["peak_is_native"])
+
+
+def _lesson(nb) -> str:
+    """What the executed notebook printed before 'Going deeper' (the ten-minute main path)."""
+    deeper = next(i for i, c in enumerate(nb.notebook.cells) if c.source.startswith("## Going deeper"))
+    return "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.notebook.cells[:deeper] for o in c.get("outputs", []))
 
 
 @pytest.mark.parametrize("prompt", ["", "   ", 7])

@@ -4,8 +4,9 @@ the image quality of each 16-bit format."""
 import math
 
 import pytest
+import torch
 
-from helpers import params
+from helpers import params, precision
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -17,7 +18,8 @@ CLAIMS = {"every TF32 switch is back as it was", "fp16 weights take half of fp32
           "fp32 run twice gives the same denoiser output", "bf16 output is finite",
           "bf16 denoiser drift at an exact guidance is in (0, 25 u)",
           "bf16 denoiser drift at the run's guidance is in (0, 1)",
-          "the fp32 reference ran with every TF32 switch off"}
+          "the fp32 reference ran with every TF32 switch off",
+          "pipe.to(torch.bfloat16) holds the weights from_pretrained(dtype=torch.bfloat16) loads"}
 # with random weights or the project's smoke model fp16 is claimed too (a hub checkpoint may overflow it)
 OURS = {"fp16 output is finite", "fp16 denoiser drift at an exact guidance is in (0, 25 u)",
         "fp16 drifts less than bf16 (3 more significand bits)"}
@@ -81,12 +83,31 @@ def _check(nb, model):
     assert (nb.figures_dir / "cpu" / f"01_dtype_latency_per_dtype{suffix}.png").stat().st_size > 1000
     assert (nb.figures_dir / "cpu" / f"01_dtype_drift_per_dtype{suffix}.png").stat().st_size > 1000
     assert "not measured" in nb.text()
+    # the lesson (before 'Going deeper') teaches what holds on any device: drift and digits; the CPU latency, its
+    # published line and the fallback forensics sit under 'Going deeper'
+    deeper = next(i for i, c in enumerate(nb.notebook.cells) if c.source.startswith("## Going deeper"))
+    lesson = "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
+                        for c in nb.notebook.cells[:deeper] for o in c.get("outputs", []))
+    assert "this run (cpu, smoke profile)" not in lesson and "is not native here" not in lesson
+    assert "01_dtype_drift_per_dtype" in lesson and "01_dtype_latency_per_dtype" not in lesson
+    assert "TL;DR, bf16 over fp32 (SDXL): " in lesson and "published: 1.59x on A100-80GB (diffusion-fast)" in lesson
+    code = [c.source for c in nb.notebook.cells[:deeper] if c.cell_type == "code"]
+    assert any("Pipeline.from_pretrained(run.weights, dtype=dtype)" in c for c in code)
+    assert any("\n    pipe.to(torch.bfloat16)" in c for c in code), "the cast runs, not only named"
+    assert any('torch.backends.cuda.matmul.fp32_precision = "tf32"' in c for c in code)
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert CLAIMS | OURS <= set(claims), sorted(CLAIMS | OURS - set(claims))
     trained = params.trained_smoke_folder(model).joinpath("model_index.json").is_file()
     assert (QUALITY <= set(claims)) is trained
+    shown = {t: nb.row(f"shown: {t}")["extra"] for t in ("the fp32 reference", "the ten digits per format")
+             if (rows["scenario"] == f"shown: {t}").any()}
+    assert shown["the fp32 reference"]["judged"] is trained
     if trained:  # WEIGHTS="auto" loads the project's smoke model: its images are judged per format
+        grid = shown["the ten digits per format"]
+        assert [g["label"] for g in grid["grid"]] == ["fp32", "fp16", "bf16"] and grid["grid"][0]["floor"] == 0.8
+        assert all(g["holds"] for s in shown.values() for g in s["grid"]), shown
+        assert claims["every image shown reads as its prompt's digit (a grid row: at least its floor)"]["holds"]
         assert pipe["fp32"]["weights"] == f"data/models/{model}-smoke"
         quality = {d: nb.row(f"quality {d}")["extra"] for d in ("fp32", "fp16", "bf16")}
         # the rows store an infinite PSNR as the text 'inf' (JSON has no infinity)
@@ -95,9 +116,37 @@ def _check(nb, model):
             assert math.isfinite(float(quality[d]["psnr"])) and 0 < quality[d]["ssim"] <= 1
             assert quality[d]["frechet"] >= 0 and len(quality[d]["read_as"]) == 10
     else:
+        assert "noise by design" in nb.text() and "the ten digits per format" not in shown
         assert "quality cannot be judged" in nb.text()
         assert not rows["scenario"].str.startswith("quality").any()
     return nb
+
+
+class _Pipe:
+    """A stand-in pipeline: its components, as diffusers lists them."""
+
+    def __init__(self, **components):
+        self.components = components
+
+
+def test_weights_fingerprint_tells_a_cast_from_other_weights():
+    """The cast check can fail: one value moved by a few bf16 steps, or a module kept in fp32, changes the
+    fingerprint; the same fp32 values cast or loaded into bf16 give the same one."""
+    torch.manual_seed(0)
+    master = torch.nn.Linear(8, 8).state_dict()
+    loaded = torch.nn.Linear(8, 8).bfloat16()
+    loaded.load_state_dict(master)  # a load in bf16: each fp32 value rounded once
+    cast = torch.nn.Linear(8, 8)
+    cast.load_state_dict(master)
+    cast.to(torch.bfloat16)  # the cast: the same rounding
+    print_ = precision.weights_fingerprint
+    assert print_(_Pipe(net=cast, tokenizer="not a module")) == print_(_Pipe(net=loaded))
+    kept = torch.nn.Linear(8, 8)
+    kept.load_state_dict(master)  # left in fp32, as a load keeps T5's wo in fp16
+    assert print_(_Pipe(net=kept)) != print_(_Pipe(net=loaded))
+    with torch.no_grad():
+        cast.weight[0, 0] += cast.weight[0, 0].abs() * 2**-5  # a few bf16 steps off
+    assert print_(_Pipe(net=cast)) != print_(_Pipe(net=loaded))
 
 
 def test_dtype_rows_flux(tmp_path):
