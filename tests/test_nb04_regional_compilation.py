@@ -1,13 +1,14 @@
 """Notebook 04 on the smoke profile: the script written by a visible %%writefile cell is what every fresh process runs
-(cold full vs regional, warm from artifacts and from a cache directory), steady speedups over eager timed in turn in
-one process that compiles with the script's own functions, the recompile-limit check and the loop over blocks in
-view, every claim in the Checks cell. Timings are compared only with each other (the machine is shared)."""
+(cold full vs regional, warm from artifacts; the steady process, which compiles with the script's own functions and
+times eager, full and regional in turn, is also the warm start from a cache directory), the recompile-limit check,
+the loop over blocks and pipe(prompt=...) in view, the H200 run's figures shown, every claim in the Checks cell.
+Timings are compared only with each other (the machine is shared)."""
 
 import math
 
 import pytest
 
-from helpers import compile_tools, params
+from helpers import coldstart, compile_tools, params
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -67,6 +68,10 @@ def test_regional_compilation_rows(tmp_path):
     assert warm["extra"]["artifacts_load_s"] > 0
     assert regional["extra"]["kernel_files_built"] > 0 and warm["extra"]["kernel_files_built"] > 0
     assert warm_dir["extra"]["kernel_files_built"] == 0 and warm_dir["extra"]["artifacts_loaded"] is False
+    # the warm start from the cache directory is the steady process's first compile: the same samples and profile
+    assert warm_dir["latency_samples_s"] == one["regional"]["latency_samples_s"]
+    assert warm_dir["compile_s"] == one["regional"]["extra"]["first_call_s_warm"]
+    assert warm_dir["extra"]["step_profile"] == one["regional"]["extra"]["step_profile"]
     check = nb.row("recompile limit check")["extra"]
     assert check["graphs"] == check["graphs_by_block_loop"] == 3 and check["limit_1"] == "limit hit"
     ratios = nb.row("regional vs full")["extra"]
@@ -98,6 +103,17 @@ def test_regional_compilation_rows(tmp_path):
     for what in ("ratio: this run (cpu, smoke profile) " + f"{ratios['full_cold_over_regional_cold']:.2f}x",
                  "published: 7.02x for flux-dev on H100 (hands-on-guide)", "published: 4.00x", "published: 1.00x"):
         assert what in text, what
+    # the image of pipe(prompt=...) is shown through s.show: random weights, so not judged, and said to be noise
+    shown = nb.row("shown: pipe(prompt=...) after compile_repeated_blocks(fullgraph=True)")["extra"]
+    assert shown["judged"] is False and shown["reason_not_judged"].startswith("random weights")
+    assert "random weights: the image is noise by design" in text
+    # the TL;DR and section 3: the committed H200 run's figures and numbers, beside the published ones
+    for name in ("compile_latency", "steady_speedup"):
+        assert f"figures/h200/04_regional_compilation_{name}.png" in text, name
+    assert "TL;DR, full / regional cold compile: measured by this project: " in text
+    assert "regional-warm-start-ratio: measured by this project: " in text
+    # the CPU profile split names no GPU
+    assert "rest: Python between them" in text and "waiting for the GPU" not in text
     claims = nb.checks()
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert len(claims) >= 12 and {
@@ -129,3 +145,20 @@ def test_auto_weights_mean_random_weights_at_flux_depth(tmp_path):
     ns = run_setup("04_regional_compilation", tmp_path)
     assert ns["run"].weights == "random" and ns["BLOCKS"] == [19, 38]
     assert ns["DENOISER_CONFIG"] == {"num_layers": 19, "num_single_layers": 38}
+
+
+def test_the_steady_process_first_compile_is_a_warm_start():
+    """SteadyCompare.warm_start turns the steady process's first compile (regional) into a warm-start row, from its
+    own fields; a planted wrong order (full first) would report full's first call, and the test catches it."""
+    steady = coldstart.SteadyCompare(
+        samples_s={"eager": [3.0, 3.0, 3.0], "regional": [2.0, 2.0, 2.0], "full": [1.0, 1.0, 1.0]},
+        graphs_while_timing=0, step_profiles={"regional": {"region_calls": 57}, "full": {"region_calls": 1}},
+        rel_errors={"regional": 0.01, "full": 0.02}, first_call_s={"regional": 5.0, "full": 9.0},
+        first_call_cache_hits={"regional": 4, "full": 2}, first_call_cache_misses={"regional": 0, "full": 1},
+        first_call_graphs={"regional": 3, "full": 1}, first_call_ops={"regional": 100, "full": 900},
+        startup_s=2.0, cache_dir="/tmp/x", kernel_files_built=0)
+    assert coldstart.STEADY_ORDER[0] == "regional"
+    r = steady.warm_start()
+    assert (r.how, r.first_call_s, r.graphs, r.ops_captured, r.first_call_cache_hits) == ("regional", 5.0, 3, 100, 4)
+    assert r.speedup_vs_eager == pytest.approx(1.5) and r.step_profile == {"region_calls": 57}
+    assert r.row_fields()["kernel_files_built"] == 0 and r.artifacts_loaded is False
