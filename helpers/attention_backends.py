@@ -15,12 +15,14 @@ import logging
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import pandas as pd
 import torch
 from diffusers.models import attention_dispatch as dispatch
 from torch.profiler import ProfilerActivity
+from tqdm.auto import tqdm
 
 from helpers import _DropNotice, measure
 
@@ -150,3 +152,80 @@ def fallback_problem(backend: str, kernels: dict[str, int], dispatched: int) -> 
         return f"{backend}: expected a kernel matching {expected!r}, ran {', '.join(kernels) or 'no attention kernel'}"
     other = [k for k in sdpa if not re.search(expected, k)]
     return f"{backend}: also ran {', '.join(other)}" if other else ""
+
+
+def active_backend() -> str:
+    """The backend diffusers' dispatcher runs for every attention layer that was given none of its own (the process
+    default: 'native' unless the environment sets DIFFUSERS_ATTN_BACKEND, or a call of set_attention_backend)."""
+    return dispatch._AttentionBackendRegistry.get_active_backend()[0].value
+
+
+def default_backend() -> str:
+    """The process default diffusers starts with (DIFFUSERS_ATTN_BACKEND, else 'native')."""
+    return dispatch.AttentionBackendName(dispatch.DIFFUSERS_ATTN_BACKEND).value
+
+
+def set_model_backend(model: torch.nn.Module, backend: str) -> None:
+    """model.set_attention_backend(backend) for model's own attention layers only: diffusers' call also makes backend
+    the process-wide default, so every model built later would run it; the `attention_backend` block puts the
+    default back when it exits."""
+    with dispatch.attention_backend(active_backend()):
+        model.set_attention_backend(backend)
+
+
+def default_problem() -> str:
+    """'' when the process-wide attention backend is the default one, else what leaked into it."""
+    active, default = active_backend(), default_backend()
+    return "" if active == default else (f"the process-wide attention backend is {active!r}, not the default "
+                                         f"{default!r}: every model without a backend of its own now runs it")
+
+
+def reason_kind(backend: str, reason: str) -> str:
+    """A skip reason without what names its one backend (the name, the Hub repository, the SDPA kernel, the trial
+    call's details), so that backends skipped for the same reason fall together."""
+    text = reason.replace(f" '{backend}'", "")
+    text = re.sub(r" \([\w.-]+/[\w.-]+\)", "", text)  # a Hub repository: '(kernels-community/flash-attn2)'
+    text = re.sub(r"PyTorch's [\w -]+? kernel", "PyTorch's kernel", text)
+    return re.sub(r" \(torch \S+ on .*\)$", "", text)  # the trial call's version, device and message
+
+
+def reason_groups(reasons: dict[str, str]) -> pd.DataFrame:
+    """One line per kind of skip reason (reason_kind): how many backends it holds, and which, most first."""
+    groups: dict[str, list[str]] = {}
+    for backend, reason in reasons.items():
+        groups.setdefault(reason_kind(backend, reason), []).append(backend)
+    lines = sorted(groups.items(), key=lambda kv: -len(kv[1]))
+    return pd.DataFrame({"backends (count)": [len(b) for _, b in lines], "backends": [", ".join(b) for _, b in lines]},
+                        index=pd.Index([kind for kind, _ in lines], name="why skipped"))
+
+
+def sweep(step: Callable[[], Any], model: torch.nn.Module, backends: Sequence[str], device: torch.device,
+          dtype: torch.dtype, *, repeats: int, warmup: int, writer: Any) -> dict[str, dict[str, Any]]:
+    """Run one denoiser step (step, calling model) under each backend, recording a row 'attention <backend>' through
+    writer: skipped with every reason found (skip_reason), or timed, with its distance to the 'native' output, the
+    calls that reached its function, the kernels the profiler saw, a silent fallback, and what diffusers' own checks
+    would refuse. The model's choice is reset after, and the process default is 'native' inside and as before after."""
+    from helpers import compile_tools, workloads
+
+    head_dim = model.config.attention_head_dim
+    found: dict[str, dict[str, Any]] = {}
+    with dispatch.attention_backend("native"):  # restores the process default when the sweep is done
+        native_out = workloads.first_output(step())
+        for backend in tqdm(backends, desc="attention backends"):
+            why = skip_reason(backend, device, dtype, head_dim)
+            if why:
+                writer.record(f"attention {backend}", status="skipped", reason=why, backend=backend)
+                found[backend] = {"status": "skipped", "reason": why}
+                continue
+            model.set_attention_backend(backend)
+            with dispatch_counter(backend) as dispatched:
+                kernels, out = kernels_seen(step)
+            timing = measure.time_callable(step, device, repeats=repeats, warmup=warmup)
+            line = {"distance": compile_tools.relative_error(workloads.first_output(out), native_out),
+                    "dispatched": dispatched["calls"], "kernels": kernels,
+                    "fallback": fallback_problem(backend, kernels, dispatched["calls"]),
+                    "outside_contract": contract_breaches(backend, device, dtype, head_dim)}
+            writer.record(f"attention {backend}", timing=timing, backend=backend, **line)
+            found[backend] = {"status": "ok", "step (ms)": timing.median_s * 1e3, **line}
+        model.reset_attention_backend()
+    return found

@@ -115,3 +115,121 @@ def skip_problem(setting: float, counts: Counts, *, off: bool) -> str:
     if not off and counts.skipped == 0:
         return f"at {setting:g}: 0 of {counts.calls} {counts.unit} computations skipped: the cache never took effect"
     return ""
+
+
+THRESHOLD_CACHES: tuple[str, ...] = ("first-block", "mag")  # decide by a threshold; the other three by an interval
+CACHE_NAMES: tuple[str, ...] = ("first-block", "mag", "taylorseer", "pyramid", "faster")
+
+
+def cache_config(name: str, value: float, *, steps: int, pipe: Any) -> Any:
+    """diffusers' cache configuration `name` at one setting of its knob (a threshold or an interval), as notebook 14's
+    list shows each: MagCache with Flux-1-Dev's shipped ratios, TaylorSeer with float32 factors, the two attention
+    caches reading the timestep from pipe (diffusers 0.42 asks for it), FasterCache for a guidance-distilled model."""
+    from diffusers import (
+        FasterCacheConfig,
+        FirstBlockCacheConfig,
+        MagCacheConfig,
+        PyramidAttentionBroadcastConfig,
+        TaylorSeerCacheConfig,
+    )
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    if name == "first-block":
+        return FirstBlockCacheConfig(threshold=value)
+    if name == "mag":
+        return MagCacheConfig(threshold=value, num_inference_steps=steps, mag_ratios=FLUX_MAG_RATIOS)
+    if name == "taylorseer":
+        return TaylorSeerCacheConfig(cache_interval=int(value), taylor_factors_dtype=torch.float32)
+    now = lambda: pipe.current_timestep
+    if name == "pyramid":
+        return PyramidAttentionBroadcastConfig(spatial_attention_block_skip_range=int(value),
+                                               current_timestep_callback=now)
+    if name == "faster":
+        return FasterCacheConfig(spatial_attention_block_skip_range=int(value), current_timestep_callback=now,
+                                 attention_weight_callback=lambda _: 0.5, is_guidance_distilled=True)
+    raise ValueError(f"cache {name!r}; allowed: {CACHE_NAMES}")
+
+
+def mag_skip_cap(config: Any) -> int:
+    """The most steps a MagCacheConfig can skip in one image whatever its threshold: no skip before
+    round(retention_ratio x steps), then at most max_skip_steps in a row before a computed step (hooks/mag_cache.py)."""
+    steps = config.num_inference_steps
+    run = skipped = 0
+    for _ in range(int(config.retention_ratio * steps + 0.5), steps):
+        run += 1
+        if run <= config.max_skip_steps:
+            skipped += 1
+        else:
+            run = 0
+    return skipped
+
+
+def skipped_steps(counts: Counts) -> int:
+    """Steps in which the last counted block's own code did not run: the steps a block cache skipped (First Block
+    Cache still runs the first block then; MagCache skips every block)."""
+    return counts.pattern().count("s")
+
+
+def judge(batch: torch.Tensor, reference: torch.Tensor, *, images_judgeable: bool, digits: bool) -> dict[str, float]:
+    """Quality of a batch against the reference batch of the same prompts and seed: relative L2 distance always; PSNR
+    and SSIM where the weights draw images (not random ones); recognized share of 0-9 and Frechet distance where the
+    batch is the ten digits of the trained smoke model."""
+    from helpers import compile_tools, quality
+
+    out = {"distance": compile_tools.relative_error(batch, reference)}
+    if images_judgeable:
+        out |= {"psnr_db": quality.psnr(batch, reference), "ssim": quality.ssim(batch, reference)}
+    if digits:
+        out |= {"recognized": quality.recognized(batch, range(10)), "frechet": quality.frechet_distance(batch)}
+    return out
+
+
+def measure_stage(generate: Any, images: Any, transformer: torch.nn.Module, device: torch.device, *,
+                  repeats: int, warmup: int) -> tuple[Any, float, torch.Tensor, dict[str, Any]]:
+    """One stage of notebook 14's waterfall: (steady timing of generate(), its first call's seconds, the judged batch
+    of images(), and what was counted): graphs compiled at the first image and batch, graphs compiled in the timed
+    calls (recompiles), and where a cache is on, what it skipped in one more images() call and one more generate()
+    call (the timed image), each run eagerly (the counting hooks are Python: compiled code would trace them)."""
+    from helpers import compile_tools, measure
+
+    with compile_tools.counting() as first:
+        first_s, _ = measure.first_call_seconds(generate, device)
+        batch = images()  # one more compile where its batch size differs
+    with compile_tools.counting() as steady:
+        timing = measure.time_callable(generate, device, repeats=repeats, warmup=warmup)
+    found: dict[str, Any] = {"graphs": first.graphs, "recompiles": steady.graphs}
+    if transformer.is_cache_enabled:
+        with torch.compiler.set_stance("force_eager"):
+            with count_computations(transformer) as counts:
+                images()
+            with count_computations(transformer) as timed:
+                generate()
+        found |= {"skipped": counts.skipped, "skipped_share": counts.skipped_share,
+                  "skipped_timed_share": timed.skipped_share}
+    return timing, first_s, batch, found
+
+
+def uncompile_blocks(transformer: torch.nn.Module) -> None:
+    """Undo notebook 14's compile_blocks: drop each block's instance `forward`, so its class's forward answers again."""
+    for name in BLOCK_LISTS:
+        for block in getattr(transformer, name, None) or []:
+            block.__dict__.pop("forward", None)
+
+
+def paired_timing(transformer: torch.nn.Module, config: Any, generate: Any, device: torch.device, *, repeats: int,
+                  warmup: int) -> dict[str, Any]:
+    """The same pipeline timed with the cache on and off in turn, round by round (switched untimed between calls), so
+    that load which changes during the measurement lands on both alike: {'cache on': Timing, 'cache off': Timing}.
+    The cache is on afterwards."""
+    from helpers import measure
+
+    def switch(name: str) -> None:
+        if name == "cache on" and not transformer.is_cache_enabled:
+            transformer.enable_cache(config)
+        elif name == "cache off" and transformer.is_cache_enabled:
+            transformer.disable_cache()
+
+    timed = measure.time_interleaved({"cache on": generate, "cache off": generate}, device, repeats=repeats,
+                                     warmup=warmup, setup=switch)
+    switch("cache on")
+    return timed

@@ -11,8 +11,10 @@ from typing import Any
 
 import pandas as pd
 import torch
+import torch._inductor.config
 
-from helpers import compile_tools, measure
+from helpers import attention_backends, compile_tools, measure, pipelines, quality, report, workloads
+from helpers.params import Run
 from helpers.results import ResultWriter
 from helpers.workloads import first_output
 
@@ -28,6 +30,15 @@ warnings.filterwarnings("ignore", message=r"Int8Tensor does not implement _stabl
 LEVERS: tuple[str, ...] = ("cudnn-attention", "channels-last", "compile", "inductor-flags", "fused-qkv",
                            "max-autotune", "vae-compile", "int8", "fp8", "aoti")
 QUANTIZATIONS: tuple[str, ...] = ("int8", "fp8")
+COMPILES: tuple[str, ...] = ("compile", "max-autotune")  # the last one stacked sets the denoiser's compile mode
+
+# The four inductor flags the diffusers docs, diffusion-fast and flux-fast set (global: every later compile uses them),
+# and inductor's values at import, before any notebook cell changed them (torchao's configs also switch on
+# coordinate_descent_tuning and force_fuse_int_mm_with_mul, globally).
+INDUCTOR_FLAGS: dict[str, bool] = {"conv_1x1_as_mm": True, "coordinate_descent_tuning": True,
+                                   "epilogue_fusion": False, "coordinate_descent_check_all_directions": True}
+INDUCTOR_DEFAULTS: dict[str, Any] = {flag: getattr(torch._inductor.config, flag)
+                                     for flag in (*INDUCTOR_FLAGS, "force_fuse_int_mm_with_mul")}
 
 # Looser parity band for dynamic int8 (torchao): weights and activations rounded to 255 levels per row/token give a
 # relative error of ~1e-2 per matmul; 0.1 relative L2 on the denoiser output allows that through every block, and
@@ -151,6 +162,19 @@ def cold_compile(call: Callable[[], Any], device: torch.device, reference: torch
     return line, timed, first, later.graphs
 
 
+def fp8_refusal() -> str:
+    """torchao's own refusal of its row-wise fp8 recipe on this machine, as it words it ('' when it accepts): its
+    config checks the hardware (CUDA compute capability 8.9+, MI300+ or XPU) before quantizing any weight."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    probe = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False, dtype=torch.bfloat16))
+    try:
+        quantize_(probe, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    except AssertionError as err:
+        return f"torchao refuses its fp8 recipe here: '{err}'"
+    return ""
+
+
 def skip_reason(lever: str, model: str, device: torch.device) -> str:
     """Why a lever cannot run for this model on this device ('' when it can)."""
     cuda = device.type == "cuda"
@@ -161,12 +185,132 @@ def skip_reason(lever: str, model: str, device: torch.device) -> str:
         if not cuda:
             return "SDPA's cuDNN attention backend needs a CUDA GPU"
     if lever == "fp8":
-        if not cuda:
-            return "torchao's fp8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability 8.9 or newer"
+        refused = fp8_refusal()
+        if refused or not cuda:
+            return (refused or "torchao's fp8 recipe runs on CUDA (or XPU) here, not on this device") + (
+                " (fp8 matmuls need compute capability 8.9 or newer: Ada, Hopper)")
         if torch.cuda.get_device_capability(device) < (8, 9):
             return (f"fp8 matmuls need compute capability 8.9 or newer (Ada, Hopper); this GPU is "
                     f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
     return ""
+
+
+def restore_inductor_defaults() -> None:
+    """Put inductor's global flags (the four of INDUCTOR_FLAGS and torchao's int8 fusion flag) back to their defaults."""
+    for flag, value in INDUCTOR_DEFAULTS.items():
+        setattr(torch._inductor.config, flag, value)
+
+
+def apply_lever(pipe: Any, lever: str, *, scope: str, vae_mode: str) -> None:
+    """Apply one lever of LEVERS (not 'aoti') to pipe in place, with the calls notebook 12's whole-stack cell shows;
+    scope 'full' compiles the whole denoiser, 'regional' its repeated blocks."""
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        Int8DynamicActivationInt8WeightConfig,
+        PerRow,
+        quantize_,
+    )
+
+    net = pipelines.denoiser(pipe)
+    if lever == "cudnn-attention":
+        attention_backends.set_model_backend(net, "_native_cudnn")  # the model's layers only, not the process
+    elif lever == "channels-last":
+        pipe.vae.to(memory_format=torch.channels_last)
+        if hasattr(pipe, "unet"):
+            pipe.unet.to(memory_format=torch.channels_last)
+    elif lever == "inductor-flags":
+        for flag, value in INDUCTOR_FLAGS.items():
+            setattr(torch._inductor.config, flag, value)
+    elif lever == "fused-qkv":
+        net.fuse_qkv_projections()
+        pipe.vae.fuse_qkv_projections()
+    elif lever in COMPILES:
+        mode = "max-autotune" if lever == "max-autotune" else "default"
+        if scope == "full":
+            net.compile(fullgraph=True, mode=mode)
+        else:
+            net.compile_repeated_blocks(fullgraph=True, mode=mode)
+    elif lever == "vae-compile":
+        pipe.vae.decode = torch.compile(pipe.vae.decode, mode=vae_mode, fullgraph=True)
+    elif lever == "int8":
+        quantize_(net, Int8DynamicActivationInt8WeightConfig())
+    elif lever == "fp8":
+        quantize_(net, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    else:
+        raise ValueError(f"lever {lever!r} is not applied to a pipeline; allowed: {LEVERS[:-1]}")
+
+
+def build(run: Run, levers: list[str], *, scope: str, vae_mode: str) -> Any:
+    """A fresh pipeline of the run (the load of notebook 12's section 1, without its progress bars) with the levers
+    applied: the model changes first, the denoiser's compile last (the last compile lever stacked wins)."""
+    with quiet_loading():
+        pipe = pipelines.build_pipeline(run.model, run.profile, weights=run.weights, dtype=run.dtype,
+                                        device=run.device, seed=run.seed)
+    pipe.set_progress_bar_config(disable=True)  # every stage calls the pipeline many times
+    for lever in levers:
+        if lever not in COMPILES:
+            apply_lever(pipe, lever, scope=scope, vae_mode=vae_mode)
+    compiles = [lever for lever in levers if lever in COMPILES]
+    if compiles:
+        apply_lever(pipe, compiles[-1], scope=scope, vae_mode=vae_mode)
+    return pipe
+
+
+def band(levers: list[str], tolerance: float) -> float:
+    """The drift band of a stage: the 8-bit quantization's own where it holds one, else the dtype's tolerance."""
+    return INT8_TOLERANCE if "int8" in levers else FP8_TOLERANCE if "fp8" in levers else tolerance
+
+
+def draw_digits(pipe: Any, run: Run) -> list[Any]:
+    """One image per digit 0-9 at the run's workload (the shapes a stage compiled for), same seed each."""
+    return [pipe(**workloads.pipeline_kwargs(run) | {"prompt": quality.prompt(d)}).images[0] for d in range(10)]
+
+
+def call_args(inputs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The denoiser's inputs as the pipeline passes them: SDXL's sample and timestep by position, the rest by name."""
+    positional = [k for k in ("sample", "timestep") if "sample" in inputs]
+    return tuple(inputs[k] for k in positional), {k: v for k, v in inputs.items() if k not in positional}
+
+
+def cuda_graphed(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """Capture one call of fn in a CUDA graph (as flux-fast does around its AOTInductor package); each later call
+    copies its inputs into the captured ones, replays the graph and clones the outputs out (a CUDA graph holds
+    fixed memory addresses)."""
+    static_args, static_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
+    fn(*static_args, **static_kwargs)  # warm-up: lazy initialisation must not happen inside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static_args, **static_kwargs)
+
+    def replay(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        pairs = list(zip(static_args, args)) + [(static_kwargs[k], v) for k, v in kwargs.items()]
+        for old, new in pairs:
+            for a, b in zip(torch.utils._pytree.tree_leaves(old), torch.utils._pytree.tree_leaves(new)):
+                if isinstance(a, torch.Tensor):
+                    a.copy_(b)
+        graph.replay()
+        return [o.clone() for o in out]
+    return replay
+
+
+def published_lines(stages: dict[str, Stage], run: Run, hardware: str) -> list[str]:
+    """One line per published comparison of notebook 12: this run's image speedup or seconds of the stage the
+    recipe is compared with, beside the published figure (off the full profile, no value: a tiny model)."""
+    def image_s(scenario: str) -> float | None:
+        st = stages.get(scenario.removeprefix("stack: "))
+        return None if st is None else st.image.median_s
+
+    comps, lines = report.comparisons(), []
+    for c in comps[comps["notebook"] == run.notebook].itertuples():
+        if c.model != run.model and run.profile == "full":
+            continue  # a figure published for the other model
+        ours = c.model == run.model  # off the full profile the other model's figure is shown, without a value
+        m = image_s(c.measured_scenario) if ours else None
+        base = image_s(c.measured_base_scenario) if ours and c.measured_base_scenario else None
+        value = m if c.kind == "absolute" else None if m is None or base is None else (
+            base / m if c.kind == "speedup" else m / base)  # a factor's scenarios stand the other way round
+        lines.append(report.published_line(c.id, value, hardware, run.profile))
+    return lines
 
 
 class Ladder:
@@ -213,6 +357,14 @@ class Ladder:
                            speedup=base.image.median_s / stage.image.median_s,
                            step_speedup=base.step.median_s / stage.step.median_s, **extra)
         return stage
+
+    def measure_pipeline(self, name: str, lever: str, pipe: Any, run: Run, inputs: dict[str, Any], tolerance: float,
+                         **extra: Any) -> Stage:
+        """measure() for a whole pipeline at the run's workload: its denoiser step on inputs, its image."""
+        return self.measure(name, lever, step_call=workloads.denoiser_call(pipe, inputs),
+                            image_call=workloads.pipeline_call(pipe, run),
+                            image_tensor_call=lambda: workloads.pipeline_call(pipe, run, output_type="pt")()[0],
+                            tolerance=tolerance, **extra)
 
     def skip(self, name: str, lever: str, reason: str) -> None:
         """Record a stage the hardware or the model cannot run, with the reason."""

@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import attention_backends, compile_tools, params, pipelines
+from helpers import attention_backends, caching, compile_tools, params, pipelines
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -50,12 +50,19 @@ def test_caching_attention_steps(tmp_path):
     for steps in (8, 4, 2, 1):
         assert nb.row(f"steps {steps}")["extra"]["block_calls"] == BLOCKS * steps
 
-    # 6. the waterfall: fp8 skipped on a CPU with its reason, no stage recompiles after its first image
+    # 6. the waterfall: fp8 skipped on a CPU with torchao's reason, no stage recompiles after its first image
     assert "compute capability 8.9" in nb.row("waterfall: + fp8")["reason"]
+    assert "torchao refuses" in nb.row("waterfall: + fp8")["reason"]
     stages = rows[rows["scenario"].str.startswith("waterfall: ") & (rows["status"] == "ok")]
     assert {"waterfall: eager", "waterfall: + compile", "waterfall: + fused qkv", "waterfall: + cache"} <= set(
         stages["scenario"])
     assert (stages["recompiles"] == 0).all() and "skipped" in nb.row("waterfall: + cache")["extra"]
+    assert 0 < nb.row("waterfall: + cache")["extra"]["skipped_timed_share"] < 1, "the timed image skips blocks too"
+
+    # 2. MagCache: counted skips within the caps diffusers applies
+    for e in sweep["extra"]:
+        if e["cache"] == "mag":
+            assert e["pattern"].count("s") <= 5, e  # 8 steps, retention_ratio 0.2, max_skip_steps 3: at most 5
 
     claims = nb.checks()
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
@@ -63,10 +70,16 @@ def test_caching_attention_steps(tmp_path):
             "compile(fullgraph=True) refuses the cached transformer at the cache's decision, whole or per block",
             "blocks compiled before enable_cache: no graph break",
             "each backend that ran used its own kernel (no silent fallback)",
-            "each image ran every block once per step (calls counted)"} <= set(claims)
+            "each image ran every block once per step (calls counted)",
+            "mag never skips more steps than its caps allow (steps skipped)",
+            "after the waterfall, the process-wide attention backend is the default"} <= set(claims)
     if params.trained_smoke_folder("flux-dev").joinpath("model_index.json").is_file():  # WEIGHTS="auto" loads it
         assert claims["the uncached images are read as the prompted digits (share of 0-9)"]["holds"]
         assert "recognized" in off and "ssim" in off
+        # every image shown is judged and reads as its prompt's digit (grids: each row at least its floor)
+        shown = rows[rows["scenario"].str.startswith("shown: ")]
+        assert len(shown) >= 5 and all(e["judged"] for e in shown["extra"]), list(shown["scenario"])
+        assert claims["every image shown reads as its prompt's digit (a grid row: at least its floor)"]["holds"]
     for name in ("cache_skipped", "steps_latency", "cache_sweep_images", "steps_images"):
         assert (nb.figures_dir / "cpu" / f"{NB}_{name}.png").stat().st_size > 1000
     assert "not measured" in nb.text()
@@ -85,3 +98,41 @@ def test_bad_knobs_fail_fast(tmp_path, knob, value, message):
     with pytest.raises(params.ParameterError, match=message):
         run_setup(NB, tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
+
+
+def test_mag_skip_cap_replays_diffusers_rule():
+    from diffusers import MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    def cap(steps, **kw):
+        return caching.mag_skip_cap(MagCacheConfig(threshold=0.5, num_inference_steps=steps,
+                                                   mag_ratios=FLUX_MAG_RATIOS, **kw))
+
+    assert cap(8) == 5  # steps 0-1 kept (0.2 x 8 rounds to 2), then s s s C s s
+    assert cap(8, max_skip_steps=1) == 3 and cap(8, retention_ratio=1.0) == 0
+    assert cap(28) == 17  # 6 kept, then 22 steps as sss C: 5 x 3 + 2
+
+
+def test_a_planted_overskip_breaks_the_mag_claim():
+    from diffusers import MagCacheConfig
+    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
+
+    config = MagCacheConfig(threshold=0.5, num_inference_steps=8, mag_ratios=FLUX_MAG_RATIOS)
+    counts = caching.Counts("block", {"transformer_blocks.0": [True] * 8, "single_transformer_blocks.0":
+                                      [True, True, False, False, False, True, False, False]})
+    assert caching.skipped_steps(counts) == 5 <= caching.mag_skip_cap(config)  # what diffusers does: holds
+    counts.history["single_transformer_blocks.0"][5] = False  # planted: six skipped, four of them in a row
+    assert not caching.skipped_steps(counts) <= caching.mag_skip_cap(config)  # the claim's test fails
+
+
+def test_skip_reasons_fall_into_one_line_per_kind():
+    reasons = {"flash": "Flash Attention backend 'flash' is not usable because of missing package. Please install x",
+               "flash_varlen": "Flash Attention backend 'flash_varlen' is not usable because of missing package. "
+                               "Please install x",
+               "flash_hub": "downloads its kernel (kernels-community/flash-attn2) from the Hub",
+               "sage_hub": "downloads its kernel (SageAttention/sage-attention) from the Hub",
+               "_native_cudnn": "needs CUDA: PyTorch's cuDNN attention kernel exists only on CUDA GPUs (torch 2.13 on "
+                                "cpu bfloat16: RuntimeError: no)"}
+    groups = attention_backends.reason_groups(reasons)
+    assert list(groups["backends (count)"]) == [2, 2, 1] and groups["backends (count)"].sum() == len(reasons)
+    assert "flash, flash_varlen" in list(groups["backends"])
