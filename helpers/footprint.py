@@ -75,6 +75,12 @@ def component_bytes(components: dict[str, torch.nn.Module], dtype: torch.dtype) 
     return out
 
 
+def model_weight_bytes(model: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
+    """Stored bytes of each component of a model's full-size pipeline in dtype (any of pipelines.MODELS: Flux-1-Dev,
+    SDXL, FLUX.2 [dev], Qwen-Image), counted on the meta device: no memory is allocated."""
+    return component_bytes(meta_components(model, "full", dtype), dtype)
+
+
 def nf4_kept_linears(module: torch.nn.Module) -> list[str]:
     """Names of the nn.Linear layers the owning library's bitsandbytes quantizer leaves out of 4-bit."""
     # transformers 5: skips get_keys_to_not_convert (tied/output embeddings, last module) and the class's

@@ -89,6 +89,22 @@ GROUPS: dict[str, list[Job]] = {
     # 01 on Flux: an fp32 image is ~71 s on an H100's CUDA cores (estimate), and the profile's timing makes eight;
     # one timed call after the reference (which warms the fp32 path) keeps it to ~3 fp32 images
     "G3d": [Job("01_dtype", 380, {"REPEATS": 1, "WARMUP": 0})],
+    # 16, not timed on a GPU yet: one model per command, its levers in the order a short lease must not miss (compile
+    # first: its step speedup answers the Qwen-Image comparison); each probe compiles the 20-32B DiT anew with inductor
+    # (~70 s whole, ~20 s by region, estimated from Flux-1-Dev's on the H200) and rebuilds it after a quantization.
+    # New resolution, LoRA on FLUX.2, the offloads and NF4 wait for a later lease (docs/gpu-plan.md, G9a and G9b)
+    "G9a": [Job("16_does_it_transfer", 420, {"MODEL": "qwen-image", "REPEATS": 3, "WARMUP": 1, "LEVERS": [
+        "compile", "regional compile", "first-block cache", "mag cache", "taylorseer cache", "pab cache",
+        "faster cache", "attention backends", "fp8", "int8", "lora hot-swap"]})],
+    "G9b": [Job("16_does_it_transfer", 350, {"MODEL": "flux2-dev", "REPEATS": 3, "WARMUP": 1, "LEVERS": [
+        "compile", "regional compile", "first-block cache", "mag cache", "taylorseer cache", "pab cache",
+        "faster cache", "attention backends", "fp8", "int8"]})],
+    # 15, the collection's headline (not timed on a GPU yet), estimated from the H200 rows of 00, 03 and 04 (eager
+    # image 5.1 s, compiled 3.9 s, regional cold compile 15.5 s): the pipeline built (~25 s), eager and the recipe
+    # timed in turn (3 rounds, ~27 s), four lossy settings each on a fresh pipeline (~20 s to build, a compile of
+    # 15-30 s, 4 images: ~190 s in all), and the cold and warm processes (each ~40 s to start and build, a compile
+    # cold or from artifacts, 3 images: ~125 s); docs/gpu-plan.md, G10
+    "G10": [Job("15_the_recipe", 480, {"REPEATS": 2, "WARMUP": 1})],
 }
 
 # G0, the GPU check: every notebook once on CUDA on the smoke profile, several at a time, before any full-size group.
@@ -106,9 +122,14 @@ PARALLEL: dict[str, int] = {CHECK_GROUP: 4}
 _CHECK_SECONDS = {"00_setup_and_baseline": 30, "01_dtype": 40, "02_attention_sdpa": 40, "03_torch_compile": 90,
                   "04_regional_compilation": 220, "05_dynamic_shapes": 60, "06_graph_breaks": 45,
                   "07_scheduler_syncs": 30, "08_cpu_offload": 40, "09_nf4_quantization": 30, "10_lora_hotswap": 60,
-                  "12_maximum_speed": 110, "13_beyond_one_gpu": 40, "14_caching_attention_steps": 60}
+                  "12_maximum_speed": 110, "13_beyond_one_gpu": 40, "14_caching_attention_steps": 60,
+                  "15_the_recipe": 120}
 GROUPS[CHECK_GROUP] = ([Job(nb, est, {"PROFILE": "smoke"}) for nb, est in _CHECK_SECONDS.items()]
-                       + [Job(nb, 40, {"PROFILE": "smoke", "MODEL": "sdxl"}) for nb in ("01_dtype", "02_attention_sdpa")])
+                       + [Job(nb, 40, {"PROFILE": "smoke", "MODEL": "sdxl"}) for nb in ("01_dtype", "02_attention_sdpa")]
+                       # 16: the levers whose code differs on a GPU (fp8, bitsandbytes NF4, offload hooks that move
+                       # weights, the CUDA attention backends), on its three smoke models
+                       + [Job("16_does_it_transfer", 60, {"PROFILE": "smoke", "LEVERS": [
+                           "int8", "fp8", "nf4", "model offload", "group offload", "attention backends"]})])
 
 
 def check_wall_s(group: str = CHECK_GROUP) -> float:
@@ -126,8 +147,10 @@ def check_wall_s(group: str = CHECK_GROUP) -> float:
 LEASE_S = 780
 # G0 opens the next lease; G1 follows it (the headline on an H100, where no row exists yet; on an H200 it re-runs 00
 # and 03 at the current revision). G2 re-runs 04 at the current revision in the last lease. RERUNS may appear twice.
-LEASES: list[tuple[str, ...]] = [("G1", "G2"), ("G0", "G1"), ("G5a", "G5b"), ("G8", "G3e"), ("G6a", "G3b"),
-                                 ("G4b", "G3c"), ("G6b", "G7"), ("G3a", "G3d"), ("G4a", "G2")]
+# G10 (notebook 15, the headline) follows the GPU check; it takes G7 from G6b's lease, which runs alone.
+LEASES: list[tuple[str, ...]] = [("G1", "G2"), ("G0", "G1"), ("G10", "G7"), ("G5a", "G5b"), ("G8", "G3e"),
+                                 ("G6a", "G3b"), ("G4b", "G3c"), ("G6b",), ("G3a", "G3d"), ("G4a", "G2"),
+                                 ("G9a", "G9b")]
 RERUNS = {"G1", "G2"}
 LEASES_RUN = 1  # the first lease ran on 2026-11-26 (G1 439 s + G2 325.6 s of a 900 s lease; docs/gpu-plan.md)
 

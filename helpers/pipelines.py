@@ -1,9 +1,13 @@
 """Build the notebooks' diffusion pipelines: the real diffusers classes, from shipped configs or real weights.
 
-`weights="random"` assembles FluxPipeline / StableDiffusionXLPipeline from `data/configs/<model>/<profile>/`
-with seeded random weights, created directly on the target device in the target dtype, and the project's own
-small tokenizers from `data/tokenizers/`. A local folder or a hub id goes through the pipeline's real
-`from_pretrained`. Nothing here times or measures anything (that is `helpers.measure`).
+`weights="random"` assembles FluxPipeline / StableDiffusionXLPipeline / Flux2Pipeline / QwenImagePipeline from
+`data/configs/<model>/<profile>/` with seeded random weights, created directly on the target device in the target
+dtype, and the project's own small tokenizers from `data/tokenizers/`. A local folder or a hub id goes through the
+pipeline's real `from_pretrained`. Nothing here times or measures anything (that is `helpers.measure`).
+
+FLUX.2 [dev] on the full profile is built without its text encoder (TEXT_ENCODER_LEFT_OUT): its 32.2B DiT and 24B
+Mistral encoder do not fit one 80 GB GPU together in bf16, so the DiT is fed random prompt embeddings of the
+encoder's shape (`prompt_embeds`).
 """
 
 from __future__ import annotations
@@ -21,10 +25,16 @@ import torch
 import transformers
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLFlux2,
+    AutoencoderKLQwenImage,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
+    Flux2Pipeline,
+    Flux2Transformer2DModel,
     FluxPipeline,
     FluxTransformer2DModel,
+    QwenImagePipeline,
+    QwenImageTransformer2DModel,
     StableDiffusionXLPipeline,
     UNet2DConditionModel,
 )
@@ -32,6 +42,10 @@ from transformers import (
     CLIPTextModel,
     CLIPTextModelWithProjection,
     CLIPTokenizer,
+    Mistral3ForConditionalGeneration,
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
     T5EncoderModel,
     T5TokenizerFast,
 )
@@ -40,16 +54,18 @@ from transformers.initialization import no_init_weights
 from helpers import paths
 from helpers.params import check_choice, check_weights, resolve_weights
 
-MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
+MODELS: tuple[str, ...] = ("flux-dev", "sdxl", "flux2-dev", "qwen-image")
 PROFILES: tuple[str, ...] = ("smoke", "full")
-DENOISER: dict[str, str] = {"flux-dev": "transformer", "sdxl": "unet"}
+DENOISER: dict[str, str] = {"flux-dev": "transformer", "sdxl": "unet", "flux2-dev": "transformer",
+                            "qwen-image": "transformer"}
 
 CONFIGS_DIR: Path = paths.DATA_DIR / "configs"
 TOKENIZERS_DIR: Path = paths.DATA_DIR / "tokenizers"
 PROMPT = "a photo of a cat holding a sign"
 
 PIPELINE_CLASS: dict[str, type[diffusers.DiffusionPipeline]] = {
-    "flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline,
+    "flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline, "flux2-dev": Flux2Pipeline,
+    "qwen-image": QwenImagePipeline,
 }
 # Model components in the order count_parameters reports them: denoiser, text encoders, VAE.
 _MODEL_CLASSES: dict[str, dict[str, type[torch.nn.Module]]] = {
@@ -57,15 +73,36 @@ _MODEL_CLASSES: dict[str, dict[str, type[torch.nn.Module]]] = {
                  "text_encoder_2": T5EncoderModel, "vae": AutoencoderKL},
     "sdxl": {"unet": UNet2DConditionModel, "text_encoder": CLIPTextModel,
              "text_encoder_2": CLIPTextModelWithProjection, "vae": AutoencoderKL},
+    "flux2-dev": {"transformer": Flux2Transformer2DModel, "text_encoder": Mistral3ForConditionalGeneration,
+                  "vae": AutoencoderKLFlux2},
+    "qwen-image": {"transformer": QwenImageTransformer2DModel, "text_encoder": Qwen2_5_VLForConditionalGeneration,
+                   "vae": AutoencoderKLQwenImage},
 }
-_SCHEDULER_CLASS: dict[str, type] = {"flux-dev": FlowMatchEulerDiscreteScheduler, "sdxl": EulerDiscreteScheduler}
+_SCHEDULER_CLASS: dict[str, type] = {"flux-dev": FlowMatchEulerDiscreteScheduler, "sdxl": EulerDiscreteScheduler,
+                                     "flux2-dev": FlowMatchEulerDiscreteScheduler,
+                                     "qwen-image": FlowMatchEulerDiscreteScheduler}
 # Pipeline tokenizer slot -> (folder under data/tokenizers, class the real pipeline names).
 _TOKENIZERS: dict[str, dict[str, tuple[str, type]]] = {
     "flux-dev": {"tokenizer": ("clip", CLIPTokenizer), "tokenizer_2": ("t5", T5TokenizerFast)},
     "sdxl": {"tokenizer": ("clip", CLIPTokenizer), "tokenizer_2": ("clip", CLIPTokenizer)},
+    # FLUX.2 ships a PixtralProcessor; transformers' Pixtral processor imports torchvision, which the project does not
+    # install, so the pipeline gets the processor's tokenizer (tools/build_tokenizers.py), which a text prompt uses
+    "flux2-dev": {"tokenizer": ("mistral3", PreTrainedTokenizerFast)},
+    "qwen-image": {"tokenizer": ("qwen2", Qwen2Tokenizer)},
 }
+# (model, profile) built without the text encoder and its tokenizer, and why: the pipeline is then called with
+# prompt_embeds (random_prompt_embeds) of the encoder's shape.
+TEXT_ENCODER_LEFT_OUT: dict[tuple[str, str], str] = {
+    ("flux2-dev", "full"): ("FLUX.2 [dev]'s 32.2B DiT (60.0 GiB in bf16) and 24B Mistral text encoder (44.7 GiB) do not "
+                            "fit one 80 GB GPU together, so the full profile builds the DiT and VAE and feeds the DiT "
+                            "random prompt embeddings of the encoder's shape"),
+}
+# Text tokens each model reads on the smoke profile (FLUX.2 pads its chat, system message included, to this length;
+# Flux-1-Dev's T5 to the profile's 32; Qwen-Image's encoder pads to the longest prompt, whatever this says).
+SMOKE_TEXT_TOKENS: dict[str, int] = {"flux2-dev": 64}
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Sinusoidal time embedders (Flux: timestep and guidance; UNet: timestep) whose first layer _randomise tapers.
+# Sinusoidal time embedders (Flux, FLUX.2, Qwen-Image: timestep and guidance; UNet: timestep) whose first layer
+# _randomise tapers.
 _TIME_EMBEDDERS = ("timestep_embedder", "guidance_embedder", "time_embedding")
 # SDXL's denoiser inputs are taken at the first step of a schedule of this many steps (the full profile's).
 _SDXL_REFERENCE_STEPS = 28
@@ -96,8 +133,12 @@ def _model_from_config(cls: type[torch.nn.Module], folder: Path, dtype: torch.dt
         return cls.from_config(config | (overrides or {}))
     config = cls.config_class.from_pretrained(folder)
     # transformers 5 builds sub-models in config.dtype (the published configs say float16/bfloat16), not in the
-    # default dtype, and ties embeddings inside the init_weights that no_init_weights switches off.
+    # default dtype, and ties embeddings inside the init_weights that no_init_weights switches off. Multimodal
+    # encoders (Mistral3, Qwen2.5-VL) carry a text and a vision config, each with its own dtype.
     config.dtype = dtype
+    for sub in ("text_config", "vision_config"):
+        if getattr(config, sub, None) is not None:
+            getattr(config, sub).dtype = dtype
     model = cls(config)
     model.tie_weights()
     return model
@@ -116,12 +157,14 @@ def _created_on(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
 
 
 def _build_models(model: str, profile: str, device: torch.device, dtype: torch.dtype,
-                  denoiser_config: dict[str, Any] | None = None) -> dict[str, torch.nn.Module]:
-    """Every model component of a pipeline, instantiated from data/configs on device in dtype, uninitialised."""
+                  denoiser_config: dict[str, Any] | None = None,
+                  leave_out: tuple[str, ...] = ()) -> dict[str, torch.nn.Module]:
+    """Every model component of a pipeline (but those in leave_out), instantiated from data/configs on device in
+    dtype, uninitialised."""
     folder = config_dir(model, profile)
     with _created_on(device, dtype):
         return {name: _model_from_config(cls, folder / name, dtype, denoiser_config if name == DENOISER[model] else None)
-                for name, cls in _MODEL_CLASSES[model].items()}
+                for name, cls in _MODEL_CLASSES[model].items() if name not in leave_out}
 
 
 def _component_seed(seed: int, name: str) -> int:
@@ -147,8 +190,8 @@ def _randomise(module: torch.nn.Module, seed: int) -> None:
             if id(param) in seen:
                 continue
             seen.add(id(param))
-            if is_norm:
-                param.fill_(1.0 if name == "weight" else 0.0)
+            if is_norm:  # Qwen-Image's VAE names its RMS norm's scale `gamma`
+                param.fill_(1.0 if name in ("weight", "gamma") else 0.0)
             elif param.ndim >= 2:
                 fan_in = param[0].numel()
                 draw = torch.empty(param.shape, dtype=torch.float32, device=device).normal_(
@@ -235,9 +278,11 @@ def random_components(model: str, profile: str, *, dtype: torch.dtype = torch.bf
                       denoiser_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The keyword arguments of the model's pipeline class, made from data/configs/<model>/<profile>: each model
     component by its class's from_config, on device in dtype, with seeded random weights (_randomise); the
-    scheduler by its from_config; the project's tokenizers by from_pretrained."""
+    scheduler by its from_config; the project's tokenizers by from_pretrained. Where TEXT_ENCODER_LEFT_OUT names
+    (model, profile), text_encoder and tokenizer are None (the pipeline is called with prompt_embeds)."""
     device = torch.device(device)
-    components: dict[str, Any] = _build_models(model, profile, device, dtype, denoiser_config)
+    left_out = ("text_encoder",) if (model, profile) in TEXT_ENCODER_LEFT_OUT else ()
+    components: dict[str, Any] = _build_models(model, profile, device, dtype, denoiser_config, left_out)
     for name, module in components.items():
         _randomise(module, _component_seed(seed, name))
         module.eval()
@@ -245,7 +290,8 @@ def random_components(model: str, profile: str, *, dtype: torch.dtype = torch.bf
     components["scheduler"] = scheduler_class.from_config(
         scheduler_class.load_config(config_dir(model, profile) / "scheduler"))
     for slot, (folder, tokenizer_class) in _TOKENIZERS[model].items():
-        components[slot] = tokenizer_class.from_pretrained(TOKENIZERS_DIR / folder)
+        components[slot] = None if left_out else tokenizer_class.from_pretrained(TOKENIZERS_DIR / folder)
+    components |= dict.fromkeys(left_out)
     if model == "sdxl":
         components["add_watermarker"] = False
     # Every module already lives on device; pipe.to(device) would only add diffusers' fp16-on-CPU warning.
@@ -262,7 +308,7 @@ def _model_of(pipe: diffusers.DiffusionPipeline) -> str:
 
 
 def denoiser(pipe: diffusers.DiffusionPipeline) -> torch.nn.Module:
-    """The module the pipeline calls once per step: pipe.transformer (Flux) or pipe.unet (SDXL)."""
+    """The module the pipeline calls once per step: pipe.transformer (Flux, FLUX.2, Qwen-Image) or pipe.unet (SDXL)."""
     return getattr(pipe, DENOISER[_model_of(pipe)])
 
 
@@ -295,6 +341,10 @@ def denoiser_inputs(
     device = pipe._execution_device
     prompts = [PROMPT] * batch_size
     generator = torch.Generator(device="cpu").manual_seed(seed)
+    if model == "flux2-dev":
+        return _flux2_inputs(pipe, prompts, height, width, max_sequence_length, guidance, generator, seed)
+    if model == "qwen-image":
+        return _qwen_inputs(pipe, prompts, height, width, max_sequence_length, generator)
 
     if model == "flux-dev":
         import numpy as np
@@ -350,6 +400,80 @@ def denoiser_inputs(
         "timestep_cond": None,
         "cross_attention_kwargs": None,
         "added_cond_kwargs": {"text_embeds": pooled.to(device), "time_ids": time_ids},
+        "return_dict": False,
+    }
+
+
+def random_prompt_embeds(pipe: diffusers.DiffusionPipeline, batch_size: int, text_tokens: int,
+                         seed: int = 0) -> torch.Tensor:
+    """Seeded N(0, 1) prompt embeddings of the text encoder's output shape (batch, tokens, the DiT's text width), in
+    the DiT's dtype: what a pipeline built without its text encoder (TEXT_ENCODER_LEFT_OUT) is called with."""
+    net = denoiser(pipe)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    embeds = torch.randn(batch_size, text_tokens, net.config.joint_attention_dim, generator=gen)
+    return embeds.to(device=pipe._execution_device, dtype=net.dtype)
+
+
+def _first_timesteps(pipe: diffusers.DiffusionPipeline, image_tokens: int, mu: float) -> torch.Tensor:
+    """The schedule's timesteps for _SDXL_REFERENCE_STEPS steps on a copy of the pipeline's scheduler (sigma 1 first)."""
+    import numpy as np
+    from diffusers.pipelines.flux.pipeline_flux import retrieve_timesteps
+
+    scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)
+    steps = _SDXL_REFERENCE_STEPS
+    timesteps, _ = retrieve_timesteps(scheduler, steps, pipe._execution_device,
+                                      sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
+    return timesteps
+
+
+def _flux2_inputs(pipe: diffusers.DiffusionPipeline, prompts: list[str], height: int, width: int,
+                  max_sequence_length: int, guidance: float, generator: torch.Generator, seed: int) -> dict[str, Any]:
+    """Flux2Pipeline.__call__'s first transformer call (diffusers 0.42); random prompt embeddings without an encoder."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+    net, device, batch = denoiser(pipe), pipe._execution_device, len(prompts)
+    embeds = random_prompt_embeds(pipe, batch, max_sequence_length, seed) if pipe.text_encoder is None else None
+    prompt_embeds, text_ids = pipe.encode_prompt(prompt=None if embeds is not None else prompts,
+                                                 prompt_embeds=embeds, device=device,
+                                                 max_sequence_length=max_sequence_length)
+    latents, latent_ids = pipe.prepare_latents(batch_size=batch, num_latents_channels=net.config.in_channels // 4,
+                                               height=height, width=width, dtype=prompt_embeds.dtype, device=device,
+                                               generator=generator)
+    t = _first_timesteps(pipe, latents.shape[1], compute_empirical_mu(latents.shape[1], _SDXL_REFERENCE_STEPS))[0]
+    return {
+        "hidden_states": latents.to(net.dtype),
+        "timestep": t.expand(batch).to(latents.dtype) / 1000,
+        "guidance": torch.full([1], guidance, device=device, dtype=torch.float32).expand(batch),
+        "encoder_hidden_states": prompt_embeds,
+        "txt_ids": text_ids,
+        "img_ids": latent_ids,
+        "joint_attention_kwargs": pipe.attention_kwargs if hasattr(pipe, "_attention_kwargs") else None,
+        "return_dict": False,
+    }
+
+
+def _qwen_inputs(pipe: diffusers.DiffusionPipeline, prompts: list[str], height: int, width: int,
+                 max_sequence_length: int, generator: torch.Generator) -> dict[str, Any]:
+    """QwenImagePipeline.__call__'s first transformer call without true CFG (diffusers 0.42)."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    net, device, batch = denoiser(pipe), pipe._execution_device, len(prompts)
+    prompt_embeds, mask = pipe.encode_prompt(prompt=prompts, device=device, max_sequence_length=max_sequence_length)
+    latents = pipe.prepare_latents(batch, net.config.in_channels // 4, height, width, prompt_embeds.dtype, device,
+                                   generator)
+    conf = pipe.scheduler.config
+    mu = calculate_shift(latents.shape[1], conf.get("base_image_seq_len", 256), conf.get("max_image_seq_len", 4096),
+                         conf.get("base_shift", 0.5), conf.get("max_shift", 1.15))
+    t = _first_timesteps(pipe, latents.shape[1], mu)[0]
+    side = 2 * pipe.vae_scale_factor
+    return {
+        "hidden_states": latents,
+        "timestep": t.expand(batch).to(latents.dtype) / 1000,
+        "guidance": None,
+        "encoder_hidden_states_mask": mask,
+        "encoder_hidden_states": prompt_embeds,
+        "img_shapes": [[(1, height // side, width // side)]] * batch,
+        "attention_kwargs": {},
         "return_dict": False,
     }
 

@@ -26,7 +26,7 @@ def test_the_measured_eager_peak_is_the_committed_h200_row():
 
 
 @pytest.mark.parametrize("gib", fit.MEMORY_CLASSES)
-@pytest.mark.parametrize("notebook", [nb for nb in fit.PARTS if fit.PARTS[nb]])
+@pytest.mark.parametrize("notebook", [nb for nb in fit.PARTS if fit.PARTS[nb] and nb not in fit.NOT_IN_README_TABLE])
 def test_decisions_on_planted_gpus_are_the_readme_table(notebook, gib, monkeypatch):
     """For every notebook, model and memory class: the profile params.resolve picks on a planted GPU is the table's."""
     monkeypatch.setattr(params, "_gpu", lambda: params.Gpu("planted GPU", float(gib), True))
@@ -120,3 +120,29 @@ def test_running_out_of_memory_is_a_row_not_a_crash(tmp_path):
     with pytest.raises(ValueError), s.guard("other errors pass through"):
         raise ValueError("not a memory error")
     assert s.skip_reason("eager pipeline") == ""  # smoke: every part runs
+
+
+@pytest.mark.parametrize(("gib", "profile", "skipped"), [
+    (24, "smoke", None), (48, "full", {"qwen-image", "flux2-dev"}), (64, "full", {"flux2-dev"}), (80, "full", set()),
+])
+def test_16_runs_full_where_its_smallest_model_fits_and_skips_the_others(gib, profile, skipped, monkeypatch):
+    """Notebook 16's parts are its models (estimated needs): MODEL='all' runs full where Flux-1-Dev's compiled
+    pipeline fits, and the models that do not fit are skipped with their need; one MODEL is decided alone."""
+    monkeypatch.setattr(params, "_gpu", lambda: params.Gpu("planted GPU", float(gib), True))
+    run = params.resolve("16_does_it_transfer", PROFILE="auto", MODEL="all", DTYPE="bf16",
+                         models=("all", "flux-dev", "qwen-image", "flux2-dev"))
+    assert run.profile == profile, run.profile_reason
+    d = fit.decide("16_does_it_transfer", "all", float(gib))
+    if skipped is not None:
+        assert set(d.skipped) == skipped and all("estimated" in why for why in d.skipped.values())
+    needs = {n.part: n.gib for n in fit.needs("16_does_it_transfer", "all")}
+    assert list(needs) == ["flux-dev", "qwen-image", "flux2-dev"]
+    # weights from the footprint (meta-device counts): Qwen-Image whole, FLUX.2 without its 44.7 GiB text encoder
+    assert needs["qwen-image"] > sum(fit.WEIGHTS_GIB["qwen-image"].values())
+    assert sum(fit.WEIGHTS_GIB["flux2-dev"].values()) > 100 > needs["flux2-dev"] > fit.WEIGHTS_GIB["flux2-dev"][
+        "transformer"]
+    assert [n.part for n in fit.needs("16_does_it_transfer", "qwen-image")] == ["qwen-image"]
+    assert not fit.decide("16_does_it_transfer", "flux2-dev", 48.0).runs
+    # a planted larger need turns the 80 GB decision: the decision reads the needs
+    monkeypatch.setattr(fit, "COMPILE_WORKSPACE_GIB", 20.0)
+    assert "flux2-dev" in fit.decide("16_does_it_transfer", "all", 80.0).skipped

@@ -218,3 +218,51 @@ def test_full_dit_forward_under_fake_tensor_mode():
     assert isinstance(out, FakeTensor) and out.dtype == torch.bfloat16
     assert tuple(out.shape) == (1, EXPECTED_IMAGE_TOKENS, 64)
     assert grew < 2**30, f"the fake forward grew the process by {grew / 2**30:.2f} GiB"
+
+
+# --- FLUX.2 [dev] and Qwen-Image (notebook 16): released sizes on the meta device, weight bytes, what fits ---
+
+# Published sizes: FLUX.2 [dev] DiT 32.2B (black-forest-labs/FLUX.2-dev) with Mistral Small 3.1 24B as text encoder;
+# Qwen-Image DiT 20.4B (Qwen/Qwen-Image) with Qwen2.5-VL 7B (8.29B with its vision tower) as text encoder.
+NEW_PUBLISHED = {("flux2-dev", "transformer"): 32.2e9, ("flux2-dev", "text_encoder"): 24.0e9,
+                 ("qwen-image", "transformer"): 20.4e9, ("qwen-image", "text_encoder"): 8.29e9}
+
+
+@pytest.fixture(scope="module")
+def new_models() -> dict:
+    """Parameter counts and bf16 bytes of FLUX.2 and Qwen-Image's full components, from meta models."""
+    rss = psutil.Process().memory_info().rss
+    out = {}
+    for model in ("flux2-dev", "qwen-image"):
+        components = footprint.meta_components(model, "full", torch.bfloat16)
+        out[model] = {"counts": footprint.parameter_counts(components),
+                      "bf16": footprint.component_bytes(components, torch.bfloat16),
+                      "meta": all(p.is_meta for m in components.values() for p in m.parameters())}
+    out["rss_growth"] = psutil.Process().memory_info().rss - rss
+    return out
+
+
+def test_new_models_build_on_meta_with_their_released_sizes(new_models):
+    assert new_models["rss_growth"] < 2**30, "a meta build allocated weights"
+    for (model, component), published in NEW_PUBLISHED.items():
+        assert new_models[model]["meta"]
+        assert new_models[model]["counts"][component] == pytest.approx(published, rel=0.01), (model, component)
+    # a planted wrong size is caught by the same comparison
+    assert new_models["qwen-image"]["counts"]["transformer"] != pytest.approx(NEW_PUBLISHED[("flux2-dev",
+                                                                                             "transformer")], rel=0.01)
+
+
+def test_new_models_weight_bytes_are_the_footprint_arithmetic(new_models):
+    for model in ("flux2-dev", "qwen-image"):
+        counts, got = new_models[model]["counts"], new_models[model]["bf16"]
+        assert got == footprint.model_weight_bytes(model, torch.bfloat16)
+        for component, n in counts.items():  # bf16: two bytes per parameter, plus buffers (a few MB at most)
+            assert 2 * n <= got[component] < 2 * n + 16 * 2**20, (model, component)
+    # FLUX.2's DiT and encoder together leave less than the 10 GiB a run needs on a 78 GiB H100: the full profile
+    # builds the DiT alone (pipelines.TEXT_ENCODER_LEFT_OUT), which fits; Qwen-Image fits whole
+    flux2, qwen = new_models["flux2-dev"]["bf16"], new_models["qwen-image"]["bf16"]
+    with pytest.raises(ValueError, match="at least 10 GiB must stay free"):
+        footprint.check_fits("FLUX.2 DiT + text encoder", flux2["transformer"] + flux2["text_encoder"])
+    assert footprint.check_fits("FLUX.2 DiT + VAE", flux2["transformer"] + flux2["vae"]) > 10
+    assert footprint.check_fits("Qwen-Image pipeline", sum(qwen.values())) > 10
+    assert ("flux2-dev", "full") in pipelines.TEXT_ENCODER_LEFT_OUT

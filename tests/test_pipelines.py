@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 from diffusers import FluxPipeline
-from transformers import CLIPTokenizer, T5TokenizerFast
+from transformers import CLIPTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer, T5TokenizerFast
 
 from helpers import compile_tools, paths, pipelines, workloads
 
@@ -24,13 +24,28 @@ PUBLISHED = {
     ("sdxl", "text_encoder"): 123e6,
     ("sdxl", "text_encoder_2"): 695e6,        # OpenCLIP ViT-bigG/14 text tower with projection
     ("sdxl", "vae"): 83.7e6,
+    ("flux2-dev", "transformer"): 32.2e9,     # FLUX.2 [dev]
+    ("flux2-dev", "text_encoder"): 24.0e9,    # Mistral Small 3.1 24B (with its Pixtral vision tower)
+    ("qwen-image", "transformer"): 20.4e9,    # Qwen-Image
+    ("qwen-image", "text_encoder"): 8.29e9,   # Qwen2.5-VL 7B (with its vision tower)
 }
 FLUX_KW = {"max_sequence_length": 32}
+PIPELINE_NAMES = {"flux-dev": "FluxPipeline", "sdxl": "StableDiffusionXLPipeline", "flux2-dev": "Flux2Pipeline",
+                  "qwen-image": "QwenImagePipeline"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _kwargs(model: str) -> dict:
-    return FLUX_KW if model == "flux-dev" else {}
+    """The per-model pipeline call arguments: Flux's text length, FLUX.2's (its chat with the system message) and
+    the guidance denoiser_inputs defaults to, Qwen-Image without true CFG (no negative prompt: one transformer call
+    per step)."""
+    return {"flux-dev": FLUX_KW, "flux2-dev": {"max_sequence_length": 64, "guidance_scale": 3.5},
+            "qwen-image": {"true_cfg_scale": 1.0}}.get(model, {})
+
+
+def _input_kwargs(model: str) -> dict:
+    """The same text length for pipelines.denoiser_inputs."""
+    return {k: v for k, v in _kwargs(model).items() if k == "max_sequence_length"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -80,20 +95,21 @@ def test_smoke_configs_keep_classes_and_block_structure(model):
     full_dir = pipelines.config_dir(model, "full")
     assert (smoke_dir / "scheduler" / "scheduler_config.json").read_text() == \
         (full_dir / "scheduler" / "scheduler_config.json").read_text()
-    if model == "flux-dev":
-        t = json.loads((smoke_dir / "transformer" / "config.json").read_text())
-        assert sum(t["axes_dims_rope"]) == t["attention_head_dim"]
+    if model != "sdxl":
+        for profile in ("smoke", "full"):
+            t = json.loads((pipelines.config_dir(model, profile) / "transformer" / "config.json").read_text())
+            assert sum(t["axes_dims_rope"]) == t["attention_head_dim"], (model, profile)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("model", pipelines.MODELS)
 def test_smoke_pipeline_runs_end_to_end(model, dtype):
     pipe = pipelines.build_pipeline(model, "smoke", dtype=DTYPES[dtype], seed=0)
-    assert type(pipe).__name__ == ("FluxPipeline" if model == "flux-dev" else "StableDiffusionXLPipeline")
+    assert type(pipe).__name__ == PIPELINE_NAMES[model]
     assert all(not m.training for m in pipe.components.values() if isinstance(m, torch.nn.Module))
     assert {p.dtype for p in pipelines.denoiser(pipe).parameters()} == {DTYPES[dtype]}
     pipe.set_progress_bar_config(disable=True)
-    image = pipe("a red fox in the snow", height=128, width=128, num_inference_steps=2, output_type="np",
+    image = pipe(prompt="a red fox in the snow", height=128, width=128, num_inference_steps=2, output_type="np",
                  generator=torch.Generator().manual_seed(0), **_kwargs(model)).images
     assert image.shape == (1, 128, 128, 3)
     assert torch.isfinite(torch.from_numpy(image)).all()
@@ -110,7 +126,8 @@ def test_same_seed_same_weights_other_seed_other_weights(model):
     a, b, c = weights(0), weights(0), weights(1)
     assert a.keys() == b.keys() == c.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    matrices = [k for k in a if a[k].ndim >= 2]
+    # Qwen-Image's VAE keeps its RMS norms' scales (`gamma`) as (C, 1, 1, 1): norm weights, set to 1 by any seed
+    matrices = [k for k in a if a[k].ndim >= 2 and not k.endswith(".gamma")]
     assert all(not torch.equal(a[k], c[k]) for k in matrices)
     half = weights(0, torch.bfloat16)  # the same draw, rounded: builds in different dtypes agree
     assert all(torch.equal(a[k].to(half[k].dtype), half[k]) for k in matrices)
@@ -124,7 +141,15 @@ def test_denoiser_forward_on_denoiser_inputs(model, dtype):
     assert inputs["return_dict"] is False
     with torch.no_grad():
         out = pipelines.denoiser(pipe)(**inputs)[0]
-    if model == "flux-dev":
+    if model == "flux2-dev":  # 128 px -> 16x16 latents of 32 channels -> 8x8 tokens of 2x2 patches (128 features)
+        assert inputs["hidden_states"].shape == (1, 64, 128) and inputs["encoder_hidden_states"].shape == (1, 32, 96)
+        assert inputs["img_ids"].shape == (1, 64, 4) and inputs["txt_ids"].shape == (1, 32, 4)
+        assert out.shape == inputs["hidden_states"].shape
+    elif model == "qwen-image":  # the prompt's own length after the template's 34 tokens
+        assert inputs["hidden_states"].shape == (1, 64, 64) and inputs["img_shapes"] == [[(1, 8, 8)]]
+        assert inputs["encoder_hidden_states"].shape[2] == 32 and inputs["guidance"] is None
+        assert out.shape == inputs["hidden_states"].shape
+    elif model == "flux-dev":
         assert inputs["hidden_states"].shape == (1, 64, 64)  # 128 px -> 16x16 latents -> 8x8 packed 2x2 patches
         assert inputs["encoder_hidden_states"].shape == (1, 32, 32)
         assert inputs["img_ids"].shape == (64, 3) and inputs["txt_ids"].shape == (32, 3)
@@ -140,7 +165,7 @@ def test_denoiser_forward_on_denoiser_inputs(model, dtype):
               if isinstance(v, torch.Tensor) and v.is_floating_point()}
     if model == "sdxl":  # the pipeline hands the UNet the scheduler's fp32 timestep (946 is 944 in bf16)
         assert floats.pop("timestep").dtype == torch.float32
-    else:  # FluxPipeline builds guidance in fp32; the transformer casts it (3.5 * 1000 rounds to 3504 in bf16)
+    elif model != "qwen-image":  # Flux pipelines build guidance in fp32; the transformer casts it (3.5 * 1000 is 3504)
         assert floats.pop("guidance").dtype == torch.float32
     assert {k: v.dtype for k, v in floats.items()} == {k: DTYPES[dtype] for k in floats}
 
@@ -175,23 +200,24 @@ def _first_denoiser_call(pipe, model: str, batch_size: int) -> dict:
     pipe.set_progress_bar_config(disable=True)
     try:
         with torch.inference_mode(), pytest.raises(StopIteration):  # as workloads.pipeline_call runs it
-            pipe([pipelines.PROMPT] * batch_size, height=128, width=128, num_inference_steps=2,
+            pipe(prompt=[pipelines.PROMPT] * batch_size, height=128, width=128, num_inference_steps=2,
                  output_type="latent", **_kwargs(model))
     finally:
         del net.forward
     return seen[0]
 
 
-@pytest.mark.parametrize(("model", "batch_size"), [("flux-dev", 1), ("flux-dev", 2), ("sdxl", 1)])
+@pytest.mark.parametrize(("model", "batch_size"), [("flux-dev", 1), ("flux-dev", 2), ("sdxl", 1), ("flux2-dev", 1),
+                                                   ("qwen-image", 1)])
 def test_denoiser_inputs_are_what_the_pipeline_passes(model, batch_size):
     """Same keys in the same order, and every tensor with the pipeline's dtype, shape, strides and tensor kind
     (Flux's guidance is the pipeline's fp32 `full([1]).expand(batch)`: stride 0 for a batch of 2)."""
     pipe = pipelines.build_pipeline(model, "smoke", dtype=torch.bfloat16)
     passed = _first_denoiser_call(pipe, model, batch_size)
-    ours = pipelines.denoiser_inputs(pipe, height=128, width=128, batch_size=batch_size, **_kwargs(model))
+    ours = pipelines.denoiser_inputs(pipe, height=128, width=128, batch_size=batch_size, **_input_kwargs(model))
     assert list(ours) == list(passed)
     assert _describe(ours) == _describe(passed)
-    if model == "flux-dev":
+    if model in ("flux-dev", "flux2-dev"):
         assert ours["guidance"].stride() == ((0,) if batch_size > 1 else (1,))
         assert torch.equal(ours["timestep"], passed["timestep"])  # sigma 1 at the first step
         assert torch.equal(ours["guidance"], passed["guidance"])
@@ -204,7 +230,8 @@ def test_denoiser_compiled_on_denoiser_inputs_serves_the_pipeline_without_recomp
     pipe = pipelines.build_pipeline(model, "smoke", dtype=torch.bfloat16)
     pipe.set_progress_bar_config(disable=True)
     net = pipelines.denoiser(pipe)
-    step = workloads.denoiser_call(pipe, pipelines.denoiser_inputs(pipe, height=128, width=128, **_kwargs(model)))
+    step = workloads.denoiser_call(pipe, pipelines.denoiser_inputs(pipe, height=128, width=128,
+                                                                   **_input_kwargs(model)))
     compile_tools.reset()
     net.compile(fullgraph=True, backend="eager")
     try:
@@ -212,7 +239,7 @@ def test_denoiser_compiled_on_denoiser_inputs_serves_the_pipeline_without_recomp
             with compile_tools.counting() as first:
                 step()
             with compile_tools.counting() as later, compile_tools.error_on_recompile():
-                pipe(pipelines.PROMPT, height=128, width=128, num_inference_steps=2, output_type="latent",
+                pipe(prompt=pipelines.PROMPT, height=128, width=128, num_inference_steps=2, output_type="latent",
                      **_kwargs(model))
     finally:
         compile_tools.uncompile(net)
@@ -301,10 +328,33 @@ def test_tokenizers_load_offline_and_round_trip():
     assert (t5.pad_token_id, t5.eos_token_id, t5.unk_token_id) == (0, 1, 2)
     padded = t5([prompt], padding="max_length", max_length=512, truncation=True, return_tensors="pt").input_ids
     assert padded.shape == (1, 512) and int(padded[0, -1]) == t5.pad_token_id
-    for model, profile in [(m, p) for m in pipelines.MODELS for p in pipelines.PROFILES]:
+    for model, profile in [(m, p) for m in ("flux-dev", "sdxl") for p in pipelines.PROFILES]:
         for encoder, tok in (("text_encoder", clip), ("text_encoder_2", t5 if model == "flux-dev" else clip)):
             config = json.loads((pipelines.config_dir(model, profile) / encoder / "config.json").read_text())
             assert len(tok) <= config["vocab_size"], (model, profile, encoder)
+
+
+def test_byte_level_tokenizers_keep_the_pipelines_templates():
+    """Qwen2's and Mistral's tokenizers: every id fits the text encoders' vocabularies; Qwen-Image's template prefix is
+    the 34 tokens QwenImagePipeline drops (as with Qwen's own tokenizer); FLUX.2's chat puts the system message and
+    the prompt between Mistral's control tokens and pads to the length asked."""
+    from diffusers.pipelines.flux2.pipeline_flux2 import format_input
+
+    qwen = Qwen2Tokenizer.from_pretrained(paths.DATA_DIR / "tokenizers" / "qwen2")
+    mistral = PreTrainedTokenizerFast.from_pretrained(paths.DATA_DIR / "tokenizers" / "mistral3")
+    for model, tok in (("qwen-image", qwen), ("flux2-dev", mistral)):
+        for profile in pipelines.PROFILES:
+            config = json.loads((pipelines.config_dir(model, profile) / "text_encoder" / "config.json").read_text())
+            assert len(tok) <= config["text_config"]["vocab_size"], (model, profile)
+    pipe = pipelines.build_pipeline("qwen-image", "smoke", dtype=torch.float32)
+    prefix = pipe.prompt_template_encode.split("{}")[0]
+    assert len(qwen(prefix).input_ids) == pipe.prompt_template_encode_start_idx == 34
+    chat = mistral.apply_chat_template(format_input(["a photo of a cat"]), tokenize=True, return_dict=True,
+                                       padding="max_length", truncation=True, max_length=64, return_tensors="pt")
+    ids = chat["input_ids"][0].tolist()
+    assert len(ids) == 64 and ids[0] == mistral.bos_token_id and ids[-1] == mistral.pad_token_id
+    names = mistral.convert_ids_to_tokens(ids)
+    assert names[1] == "[SYSTEM_PROMPT]" and "[/SYSTEM_PROMPT]" in names and "[INST]" in names and "[/INST]" in names
 
 
 def test_flux_encode_prompt_truncates_long_prompts(smoke_fp32):
@@ -319,7 +369,7 @@ def test_shipped_tokenizers_match_a_fresh_build(tmp_path):
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
     build.build(tmp_path)
-    for name in ("clip", "t5"):
+    for name in build.TOKENIZERS:
         assert build.same_tree(tmp_path / name, paths.DATA_DIR / "tokenizers" / name), name
 
 

@@ -1,12 +1,15 @@
-"""Build the project's small CLIP-style and T5-style tokenizers from data/tokenizers/corpus.txt.
+"""Build the project's small CLIP-, T5-, Qwen2- and Mistral-style tokenizers from data/tokenizers/corpus.txt.
 
-The real pipelines ship CLIP's 49k-token BPE vocabulary and T5's 32k-token SentencePiece vocabulary; neither can be
-downloaded here, so we train small ones with the `tokenizers` library on our own prompt corpus. Each is laid out
-like the original (same pre-tokenisation, same special tokens at the same positions) and saved through the
-transformers class the pipelines name, so `CLIPTokenizer.from_pretrained` and `T5TokenizerFast.from_pretrained`
-load them offline. The build is deterministic: rerunning it rewrites byte-identical files.
+The real pipelines ship CLIP's 49k-token BPE vocabulary, T5's 32k-token SentencePiece vocabulary, Qwen2.5's 151k and
+Mistral's 131k byte-level BPE vocabularies; none can be downloaded here, so we train small ones on our own prompt
+corpus. Each is laid out like the original (same pre-tokenisation, same special tokens) and saved through a
+transformers class, so `CLIPTokenizer`, `T5TokenizerFast`, `Qwen2Tokenizer` and `PreTrainedTokenizerFast`
+`.from_pretrained` load them offline. The two byte-level ones also learn the prompt templates their pipelines wrap
+every prompt in (QwenImagePipeline's system prompt, Flux2Pipeline's system message), so those read as whole words
+as they do in the real vocabularies (Qwen-Image's template prefix is then 34 tokens, the number of hidden states
+QwenImagePipeline drops). The build is deterministic: rerunning it rewrites byte-identical files.
 
-    python tools/build_tokenizers.py            # rebuild data/tokenizers/{clip,t5}
+    python tools/build_tokenizers.py            # rebuild data/tokenizers/{clip,t5,qwen2,mistral3}
     python tools/build_tokenizers.py --check    # rebuild into a temporary folder and compare
 """
 
@@ -26,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import Unigram
-from transformers import CLIPTokenizer, T5TokenizerFast
+from transformers import CLIPTokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer, T5TokenizerFast
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS_DIR = ROOT / "data" / "tokenizers"
@@ -41,6 +44,34 @@ CLIP_BOS, CLIP_EOS = "<|startoftext|>", "<|endoftext|>"
 # CLIP's own pre-tokenisation pattern, as transformers' CLIPTokenizer rebuilds it.
 CLIP_SPLIT = r"""<\|startoftext\|>|<\|endoftext\|>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
 T5_SPECIALS = ["<pad>", "</s>", "<unk>"]  # ids 0, 1, 2 as in T5 (transformers hard-codes unk_id=2)
+BYTE_LEVEL_MAX_MERGES = 1500
+# Qwen2's pre-tokenisation pattern (its tokenizer.json), and the chat markers QwenImagePipeline's template uses.
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+              r"\s+(?!\S)|\s+")
+QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# QwenImagePipeline.prompt_template_encode (diffusers 0.42), with {} where the prompt goes
+QWEN_TEMPLATE = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                 "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+                 "<|im_start|>assistant\n")
+# Mistral's control tokens at their ids (0-19), the ones the pipeline's chat and the vision tower name among them
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                    "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
+                    "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                    "[TOOL_CONTENT]"]
+# Flux2Pipeline's SYSTEM_MESSAGE (diffusers 0.42, pipelines/flux2/system_messages.py)
+FLUX2_SYSTEM = ("You are an AI that reasons about image descriptions. You give structured responses focusing on object "
+                "relationships, object\nattribution and actions without speculation.")
+# Mistral's chat layout for a system message and user turns; a content list holds {"type": "text", "text": ...}
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% set parts = message['content'] if message['content'] is not string "
+    "else [{'type': 'text', 'text': message['content']}] %}"
+    "{% if message['role'] == 'system' %}[SYSTEM_PROMPT]{% for p in parts %}{{ p['text'] }}{% endfor %}"
+    "[/SYSTEM_PROMPT]"
+    "{% elif message['role'] == 'user' %}[INST]{% for p in parts %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] }}{% else %}[IMG]{% endif %}{% endfor %}[/INST]"
+    "{% else %}{% for p in parts %}{{ p['text'] }}{% endfor %}{{ eos_token }}{% endif %}{% endfor %}")
+TEMPLATE_REPEATS = 4  # so that BPE (pairs seen at least twice) learns the templates' words whole
 
 
 def read_corpus() -> list[str]:
@@ -166,12 +197,70 @@ def build_t5(lines: list[str], out: Path) -> T5TokenizerFast:
     return tok
 
 
+def byte_level_bpe(lines: list[str], split: str, specials: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Byte-level BPE (GPT-2 style, as Qwen2 and Mistral's Tekken): specials first, then every byte, then one entry
+    per merge in merge order."""
+    pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    words: Counter[tuple[str, ...]] = Counter()
+    for line in lines:
+        for word, _ in pre_tokenizer.pre_tokenize_str(line):
+            words[tuple(word)] += 1
+    merges = learn_bpe_merges(words, BYTE_LEVEL_MAX_MERGES)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=ord)
+    tokens = list(dict.fromkeys([*specials, *alphabet, *(a + b for a, b in merges)]))
+    return {tok: i for i, tok in enumerate(tokens)}, merges
+
+
+def build_qwen2(lines: list[str], out: Path) -> Qwen2Tokenizer:
+    """Byte-level BPE with Qwen2's pre-tokeniser and chat markers, saved as a Qwen2Tokenizer."""
+    prefix, suffix = QWEN_TEMPLATE.split("{}")
+    text = [*lines, *[prefix, suffix] * TEMPLATE_REPEATS]
+    vocab, merges = byte_level_bpe(text, QWEN_SPLIT, QWEN_SPECIALS)
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=131072)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
+    tok.save_pretrained(out)
+    return tok
+
+
+def build_mistral3(lines: list[str], out: Path) -> PreTrainedTokenizerFast:
+    """Byte-level BPE with Mistral's control tokens and chat template, saved as a PreTrainedTokenizerFast.
+
+    FLUX.2 [dev] ships a PixtralProcessor (tokenizer + image processor); transformers' Pixtral processor imports
+    torchvision, which this project does not install, so the pipeline gets the tokenizer alone: for a text prompt the
+    processor's apply_chat_template hands the work to it."""
+    from tokenizers import models, processors
+
+    vocab, merges = byte_level_bpe([*lines, *[FLUX2_SYSTEM] * TEMPLATE_REPEATS], QWEN_SPLIT, MISTRAL_SPECIALS)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                  pad_token="<pad>", model_max_length=131072, chat_template=MISTRAL_CHAT_TEMPLATE,
+                                  extra_special_tokens={})
+    tok.add_special_tokens({"additional_special_tokens": [t for t in MISTRAL_SPECIALS
+                                                          if t not in ("<unk>", "<s>", "</s>", "<pad>")]})
+    tok.save_pretrained(out)
+    return tok
+
+
+TOKENIZERS = ("clip", "t5", "qwen2", "mistral3")
+
+
 def build(out_dir: Path) -> dict[str, int]:
-    """Build both tokenizers under out_dir and return their sizes."""
+    """Build every tokenizer under out_dir and return their sizes."""
     lines = read_corpus()
     clip = build_clip(lines, out_dir / "clip")
     t5 = build_t5(lines, out_dir / "t5")
-    return {"clip": len(clip), "t5": len(t5)}
+    qwen2 = build_qwen2(lines, out_dir / "qwen2")
+    mistral3 = build_mistral3(lines, out_dir / "mistral3")
+    return {"clip": len(clip), "t5": len(t5), "qwen2": len(qwen2), "mistral3": len(mistral3)}
 
 
 def same_tree(a: Path, b: Path) -> bool:
@@ -189,11 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             sizes = build(Path(tmp))
-            ok = all(same_tree(Path(tmp) / name, TOKENIZERS_DIR / name) for name in ("clip", "t5"))
+            ok = all(same_tree(Path(tmp) / name, TOKENIZERS_DIR / name) for name in TOKENIZERS)
         print(f"sizes {sizes}; shipped files {'match' if ok else 'DIFFER from'} a fresh build")
         return 0 if ok else 1
     sizes = build(TOKENIZERS_DIR)
-    print(f"wrote {TOKENIZERS_DIR}/clip ({sizes['clip']} tokens) and {TOKENIZERS_DIR}/t5 ({sizes['t5']} tokens)")
+    print(f"wrote under {TOKENIZERS_DIR}: " + ", ".join(f"{name} ({n} tokens)" for name, n in sizes.items()))
     return 0
 
 

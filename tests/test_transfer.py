@@ -1,0 +1,167 @@
+"""helpers.transfer (notebook 16): no cell says "works" when the lever did not work. Each check is shown to fail on a
+planted failure: a graph break and a recompile planted in a real denoiser, a cache that skips nothing, and planted
+measurements (a silent attention fallback, drift past a band, a swap that recompiled, an edited verdict)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import compile_tools, pipelines, transfer
+
+TOL = compile_tools.PARITY_TOLERANCE["bf16"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from two threads, and on a busy 2-core machine OpenMP waits dominate."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def sub() -> transfer.Subject:
+    """Qwen-Image's smoke pipeline with two transformer blocks (a small graph to compile), as a Subject."""
+    two_blocks = {"num_layers": 2}  # First Block Cache needs a block after the first
+    pipe = pipelines.build_pipeline("qwen-image", "smoke", dtype=torch.bfloat16, denoiser_config=two_blocks)
+    pipe.set_progress_bar_config(disable=True)
+    return transfer.make_subject(pipe, "qwen-image", "smoke", device=torch.device("cpu"), dtype=torch.bfloat16,
+                                 dtype_name="bf16", compiler="eager", height=128, width=128, steps=2, tokens=32,
+                                 guidance=3.5, denoiser_config=two_blocks)
+
+
+def test_compile_works_and_a_planted_graph_break_is_caught(sub):
+    clean = transfer.probe_compile(sub)
+    assert clean.outcome == "works" and clean.measured["graph_breaks"] == 0, clean.text()
+    assert transfer.works_problems(clean, TOL) == [] and transfer.verdict_holds(clean, TOL)
+
+    block = sub.net.transformer_blocks[0]
+    original = block.forward
+
+    def broken(*args, **kwargs):
+        torch._dynamo.graph_break()  # planted: what a print or an .item() in a block does to the graph
+        return original(*args, **kwargs)
+
+    block.forward = broken
+    try:
+        planted = transfer.probe_compile(sub)
+    finally:
+        del block.forward
+    assert planted.outcome == "fails" and not planted.works, planted.text()
+    assert planted.measured["graph_breaks"] >= 1 and "fullgraph=True refused" in planted.figure
+    # the same cell edited to "works" is caught by the Checks cell's two checks
+    edited = transfer.Cell(planted.model, planted.lever, "works", measured=dict(planted.measured, error=""))
+    assert any("graph break" in p for p in transfer.works_problems(edited, TOL))
+    assert not transfer.verdict_holds(transfer.Cell("qwen-image", "compile", "works", measured=planted.measured), TOL)
+
+
+def test_a_planted_recompile_is_caught(sub):
+    block = sub.net.transformer_blocks[0]
+    original, calls = block.forward, [0]
+
+    def drifting(*args, **kwargs):
+        calls[0] += 1
+        out = original(*args, **kwargs)
+        return out if calls[0] % 2 else tuple(o * 1.0 for o in out)  # planted: a Python int the graph guards on
+
+    block.forward = drifting
+    try:
+        planted = transfer.probe_compile(sub)
+    finally:
+        del block.forward
+    assert planted.outcome == "recompiles" and planted.measured["recompiles"] >= 1, planted.text()
+    edited = transfer.Cell("qwen-image", "compile", "works", measured=planted.measured)
+    assert any("recompiles" in p for p in transfer.works_problems(edited, TOL))
+
+
+def test_a_cache_that_skips_nothing_does_not_work(sub, monkeypatch):
+    works = transfer.probe_cache(sub, "mag cache", "a cat", 6)
+    assert works.outcome == "works" and works.measured["skipped"] > 0, works.text()
+    monkeypatch.setitem(transfer.CACHE_SETTINGS, "first-block cache", 0.0)  # planted: threshold 0 skips nothing
+    planted = transfer.probe_cache(sub, "first-block cache", "a cat", 6)
+    assert planted.outcome == "fails" and "never took effect" in planted.message, planted.text()
+    assert transfer.works_problems(transfer.Cell("qwen-image", "first-block cache", "works",
+                                                 measured=planted.measured), TOL)
+
+
+def test_the_library_s_refusal_is_recorded_with_its_message(sub):
+    fp8 = transfer.probe_quantized(sub, "fp8")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine may run fp8")
+    assert fp8.outcome == "refused here" and "compute capability" in fp8.message, fp8.text()
+    model = transfer.probe_offload(sub, "model")
+    assert model.outcome == "refused here" and "accelerator" in model.message
+    group = transfer.probe_offload(sub, "group")
+    assert group.outcome == "works" and "moves nothing" in group.figure and group.measured["drift"] == 0.0
+
+
+@pytest.mark.parametrize(("lever", "measured", "outcome"), [
+    # planted: every check of the verdicts, one failure each
+    ("new resolution", {"sizes": [[160, 160], [192, 192]], "default_recompiles": 1, "dynamic_recompiles": 1},
+     "recompiles"),
+    ("new resolution", {"sizes": [[160, 160], [192, 192]], "default_recompiles": 1, "dynamic_recompiles": 0,
+                        "graph_breaks": 2}, "breaks"),
+    ("int8", {"layers": 4, "graphs": 1, "graph_breaks": 0, "recompiles": 0, "drift": 0.5}, "fails"),
+    ("int8", {"refused": "AssertionError: needs CUDA"}, "refused here"),
+    ("nf4", {"layers": 4, "drift": 0.9}, "fails"),
+    ("lora hot-swap", {"ranks": [4, 8], "layers": 8, "swap_recompiles": 1, "drift": 0.0}, "recompiles"),
+    ("lora hot-swap", {"ranks": [4, 8], "layers": 8, "swap_recompiles": 0, "drift": 0.2}, "fails"),
+    ("group offload", {"drift": 0.3, "weights_off_device": "x"}, "fails"),
+    ("context parallel", {"cp_plan": 0}, "fails"),
+    ("context parallel", {"cp_plan": 4, "drift": 0.5, "degree": 2, "backend": "gloo"}, "fails"),
+    ("attention backends", {"ran": {"_native_math": {"fallback": "_native_math: expected a kernel matching 'math', "
+                                                                 "ran flash", "drift": 0.0}}, "skipped": {}}, "fails"),
+    ("attention backends", {"ran": {}, "skipped": {"flash": "not installed"}}, "fails"),
+    ("regional compile", {"repeated_blocks": [], "full_compile_s": 1.0}, "fails"),
+    ("regional compile", {"repeated_blocks": ["Block"], "graphs": 1, "graph_breaks": 0, "recompiles": 0,
+                          "drift": 0.0, "compile_s": 2.0, "full_compile_s": 1.0}, "fails"),
+])
+def test_planted_measurements_never_read_as_works(lever, measured, outcome):
+    cell = transfer.Cell("qwen-image", lever, "works", measured=measured)
+    assert transfer.recompute(cell, TOL)[0] == outcome
+    assert not transfer.verdict_holds(cell, TOL)
+
+
+def test_clean_measurements_read_as_works():
+    for lever, measured in [
+        ("new resolution", {"sizes": [[160, 160], [192, 192]], "default_recompiles": 1, "dynamic_recompiles": 0}),
+        ("lora hot-swap", {"ranks": [4, 8], "layers": 8, "swap_recompiles": 0, "drift": 0.0, "graph_breaks": 0}),
+        ("attention backends", {"ran": {"native": {"fallback": "", "drift": 0.0}}, "skipped": {}}),
+        ("context parallel", {"cp_plan": 4, "drift": 1e-3, "degree": 2, "backend": "gloo"}),
+    ]:
+        cell = transfer.Cell("flux2-dev", lever, transfer.recompute(
+            transfer.Cell("flux2-dev", lever, "works", measured=measured), TOL)[0], measured=measured)
+        assert cell.works and transfer.works_problems(cell, TOL) == [], (lever, cell.outcome)
+
+
+def test_the_table_and_its_rows_agree(tmp_path):
+    cells = [transfer.Cell("flux-dev", "compile", "works", "1 graph(s), 0 breaks", measured={"graphs": 1}),
+             transfer.Cell("qwen-image", "compile", "breaks", "2 graph break(s)", measured={"graph_breaks": 2}),
+             transfer.Cell("qwen-image", "fp8", "refused here", "", "AssertionError: a | b")]
+    frame = transfer.cells_frame(cells)
+    assert list(frame.columns) == ["Flux-1-Dev", "Qwen-Image"] and list(frame.index) == ["compile", "fp8"]
+    assert frame.loc["compile", "Qwen-Image"] == "works with graph breaks: 2 graph break(s)"
+    assert frame.loc["fp8", "Flux-1-Dev"] == "" and "a / b" in frame.loc["fp8", "Qwen-Image"]  # '|' escaped
+    path = transfer.write_table(tmp_path / "t.md", cells, "# header")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "# header" and lines[2].startswith("| lever | Flux-1-Dev | Qwen-Image |") and len(lines) == 6
+    fields = transfer.row_fields(cells[2])
+    assert fields["status"] == "skipped" and fields["reason"].startswith("AssertionError")
+    back = transfer.cell_from_row({"extra": {k: v for k, v in fields.items() if k not in ("status", "reason")}})
+    assert back.text() == cells[2].text()
+    with pytest.raises(ValueError, match="outcome="):
+        transfer.Cell("flux-dev", "compile", "mostly works")
+
+
+def test_knobs_are_refused_naming_what_is_allowed():
+    from helpers.params import ParameterError
+
+    with pytest.raises(ParameterError, match="MODEL='all'"):
+        transfer.check_model_weights("all", "Qwen/Qwen-Image")
+    transfer.check_model_weights("qwen-image", "Qwen/Qwen-Image")
+    with pytest.raises(ParameterError, match="TABLE_FILE"):
+        transfer.table_path("table.txt", transfer.Path("/tmp"), "cpu", "smoke", "all")
+    assert transfer.table_path(None, transfer.Path("/r"), "h100", "full", "qwen-image").name == \
+        "transfer-table.qwen-image.md"
