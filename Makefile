@@ -17,9 +17,11 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fast-diffusion)"
 	touch $(STAMP)
 
-## make test: helper unit tests, every notebook on the smoke profile (papermill), hygiene, browser test
+## make test: helper unit tests, every notebook on the smoke profile (papermill), hygiene, browser test; TEST_WORKERS
+## pytest processes share the test files (pytest-xdist; a notebook run keeps about one core busy, so 2 on 2 cores)
+TEST_WORKERS ?= 2
 test: venv browser-deps
-	$(PY) -m pytest tests --durations=15
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 ## make test-fast: everything except the notebook and browser runs
 test-fast: venv

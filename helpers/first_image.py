@@ -9,10 +9,9 @@ saved (its eager image of the same seed and prompt).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,8 @@ class Child:
         self.result: dict[str, Any] = {"how": cfg.get("how", "regional"), "artifacts_loaded": False,
                                        "artifacts_saved_bytes": 0, "artifacts_load_s": 0.0, "extra": {}}
 
-    @contextlib.contextmanager
-    def timing(self, name: str) -> Iterator[None]:
-        """Record the wall seconds of the block under `name` (e.g. loading compile artifacts)."""
-        t0 = time.perf_counter()
-        yield
-        self.result[name] = time.perf_counter() - t0
-
-    def note(self, **fields: Any) -> None:
-        """Add fields to what the process reports (e.g. artifacts_loaded=True)."""
-        self.result.update(fields)
+    timing = coldstart.Child.timing  # the wall seconds of a block, under a name (e.g. loading compile artifacts)
+    note = coldstart.Child.note  # more fields for what the process reports (e.g. artifacts_loaded=True)
 
     def first_and_steady(self, call: Callable[[], torch.Tensor], device: torch.device) -> torch.Tensor:
         """Time the first call (it compiles) counting graphs and compile-cache lookups, then the steady calls
