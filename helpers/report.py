@@ -571,21 +571,41 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
     return "\n\n".join(parts)
 
 
-def replace_readme_region(text: str, region: str) -> str:
-    """text with everything between README_START and README_END replaced by region (markers kept)."""
-    start, end = text.find(README_START), text.find(README_END)
+def replace_readme_region(text: str, region: str, markers: tuple[str, str] = (README_START, README_END)) -> str:
+    """text with everything between the markers (the results region by default) replaced by region, markers kept."""
+    start, end = text.find(markers[0]), text.find(markers[1])
     if start < 0 or end < start:
-        raise ValueError(f"the README has no region between {README_START!r} and {README_END!r}")
-    return text[: start + len(README_START)] + "\n" + region.strip() + "\n" + text[end:]
+        raise ValueError(f"the README has no region between {markers[0]!r} and {markers[1]!r}")
+    return text[: start + len(markers[0])] + "\n" + region.strip() + "\n" + text[end:]
 
 
-def write_readme_region(readme: Path, region: str) -> bool:
-    """Rewrite the README's generated results region; True when the file changed."""
+def write_readme_region(readme: Path, region: str, markers: tuple[str, str] = (README_START, README_END)) -> bool:
+    """Rewrite one generated region of the README (the results region by default); True when the file changed."""
     old = Path(readme).read_text()
-    new = replace_readme_region(old, region)
+    new = replace_readme_region(old, region, markers)
     if new != old:
         Path(readme).write_text(new)
     return new != old
+
+
+TLDR_MARKERS = ("<!-- tldr:start -->", "<!-- tldr:end -->")
+# The README's headline: what each line says, and the comparison whose committed GPU figure and published one it gives
+TLDR_LINES: tuple[tuple[str, str], ...] = (
+    ("Flux-1-Dev, 1024x1024, 28 steps, eager bf16", "eager-latency-sglang"),
+    ("`torch.compile` of the DiT, speedup per image (03)", "compile-speedup-sglang"),
+    ("regional compilation, full / regional cold compile (04)", "regional-cold-compile-ratio"),
+    ("regional compilation, steady speed regional / full (04)", "regional-steady-ratio"),
+)
+# Notebook 15's goals (issue 38), stated as goals until a GPU run of 15 (group G10) measures the recipe
+RECIPE_GOALS = "at most 3.6 s per image lossless and 2.0 s lossy on one H100 (notebook 15; not measured yet)"
+
+
+def readme_tldr(reference_dir: Path = paths.REFERENCE_DIR, results_dir: Path = paths.RESULTS_DIR) -> str:
+    """The README's TL;DR: each headline comparison as the committed GPU rows give it (headline), then the recipe's
+    goals; made from the rows, so a new GPU run changes it (python -m helpers.report rewrites it)."""
+    lines = [f"- {label}: {headline(cid, reference_dir, results_dir)}" for label, cid in TLDR_LINES]
+    return "\n".join([*lines, f"- the recipe's goals: {RECIPE_GOALS}"])
+
 
 
 def factor_figure(table: pd.DataFrame, tolerance: dict[str, float], hardware: str) -> plt.Figure:
@@ -616,3 +636,8 @@ def factor_figure(table: pd.DataFrame, tolerance: dict[str, float], hardware: st
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+if __name__ == "__main__":  # python -m helpers.report: rewrite the README's TL;DR from the committed rows
+    print("README.md", "rewritten" if write_readme_region(paths.ROOT / "README.md", readme_tldr(), TLDR_MARKERS)
+          else "unchanged")
