@@ -106,10 +106,11 @@ MEMORY_CLASSES: tuple[int, ...] = (12, 16, 24, 32, 48, 80)  # the cards a learne
 class Need:
     """One part of a notebook's full-profile run: the GPU memory it peaks at, and on what that figure rests."""
 
-    part: str
+    part: str  # what the README's table shows ("eager pipeline")
     gib: float
     basis: str
     central: bool = False
+    key: str = ""  # the notebook's name for it, a PARTS key ("eager"; notebook 16: the model); needs() sets it
 
 
 def _w(model: str, *names: str, nf4: tuple[str, ...] = ()) -> float:
@@ -208,15 +209,18 @@ def needs(notebook: str, model: str) -> list[Need]:
     if notebook == TRANSFER_NOTEBOOK:
         table = _transfer_needs()
         parts = [p for p in PARTS[notebook] if model in ("all", p)]
-        return [dataclasses.replace(table[p], central=(i == 0)) for i, p in enumerate(parts)]
+        return [dataclasses.replace(table[p], central=(i == 0), key=p) for i, p in enumerate(parts)]
     table = _flux_needs() if model == "flux-dev" else _sdxl_needs() if model == "sdxl" else {}
     parts = [p for p in PARTS.get(notebook, ()) if p in table]
-    return [dataclasses.replace(table[p], central=(i == 0)) for i, p in enumerate(parts)]
+    return [dataclasses.replace(table[p], central=(i == 0), key=p) for i, p in enumerate(parts)]
 
 
 @dataclass(frozen=True)
 class Decision:
-    """What a notebook does on a GPU of usable_gib for its full profile: run, and which parts skip and why."""
+    """What a notebook does on a GPU of usable_gib for its full profile: run, and which parts skip and why.
+
+    skipped is keyed by PARTS keys (the notebooks' names: "eager", "model offload"); names maps each key of a part
+    with a need to the README table's name ("eager pipeline")."""
 
     notebook: str
     model: str
@@ -224,10 +228,16 @@ class Decision:
     runs: bool
     reason: str
     skipped: dict[str, str]
+    names: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def part(self, part: str) -> str:
-        """'' when the part fits, else the skip reason ('needs N GiB, this GPU has M GiB; ...')."""
-        return self.skipped.get(part, "")
+        """'' when the part fits, else the skip reason ('needs N GiB, this GPU has M GiB; ...'). part is a PARTS key
+        or the README's name for it; any other name is an error (a typo must not read as 'fits')."""
+        allowed = (*PARTS.get(self.notebook, ()), *self.names.values())
+        if part not in allowed:
+            raise ValueError(f"part={part!r} is not a part of {self.notebook}; one of: "
+                             f"{', '.join(repr(p) for p in dict.fromkeys(allowed))}")
+        return self.skipped.get({name: key for key, name in self.names.items()}.get(part, part), "")
 
 
 def usable_gib(total_gib: float, cap_gib: float | None = None) -> float:
@@ -249,13 +259,14 @@ def decide(notebook: str, model: str, gpu_gib: float, cap_gib: float | None = No
         parts = [n if n.part.startswith("fp32") else
                  dataclasses.replace(n, gib=round(2 * n.gib, 2), basis=f"estimated: twice the 16-bit figure ({n.basis})")
                  for n in parts]
-    skipped = {n.part: f"needs {n.gib:.1f} GiB ({n.basis}), this GPU has {usable:.1f} GiB usable of {card}"
+    skipped = {n.key: f"needs {n.gib:.1f} GiB ({n.basis}), this GPU has {usable:.1f} GiB usable of {card}"
                for n in parts if not n.gib < usable}
+    names = {n.key: n.part for n in parts}
     central = parts[0] if parts else None
-    if central is None or central.part not in skipped:
-        return Decision(notebook, model, usable, True, f"the full profile fits {card}", skipped)
-    why = f"its lesson ({central.part}) {skipped[central.part]}; fits instead: {INSTEAD.get(model, '')}"
-    return Decision(notebook, model, usable, False, why, skipped)
+    if central is None or central.key not in skipped:
+        return Decision(notebook, model, usable, True, f"the full profile fits {card}", skipped, names)
+    why = f"its lesson ({central.part}) {skipped[central.key]}; fits instead: {INSTEAD.get(model, '')}"
+    return Decision(notebook, model, usable, False, why, skipped, names)
 
 
 # The notebooks that offer MODEL="sdxl" (the others teach on Flux-1-Dev only)
@@ -279,8 +290,8 @@ def table() -> list[dict[str, str]]:
             row = {"notebook": nb[:2], "model": model, "lesson needs (GiB)": f"{ns[0].gib:.1f}"}
             for gib in MEMORY_CLASSES:
                 d = decide(nb, model, gib)
-                row[f"{gib} GB"] = ("runs" if not d.skipped else "runs, skips " + ", ".join(d.skipped)) if d.runs \
-                    else "smoke"
+                skips = ", ".join(d.names[k] for k in d.skipped)  # the README shows the descriptive names
+                row[f"{gib} GB"] = ("runs, skips " + skips if skips else "runs") if d.runs else "smoke"
             out.append(row)
     return out
 

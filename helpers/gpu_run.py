@@ -46,9 +46,12 @@ class Job:
 
     @property
     def label(self) -> str:
-        """File stem of the executed copy: the notebook plus the values that make this run differ (e.g. '.sdxl')."""
-        variant = {k: v for k, v in self.parameters.items() if k == "MODEL"}
-        return self.notebook + "".join(f".{v}" for v in variant.values())
+        """File stem of the executed copy: the notebook plus the values that make this run differ (e.g. '.sdxl',
+        '.cap24gib' for GPU_MEMORY_GIB=24, '.skips-eager' for SKIP_PARTS=['eager'])."""
+        p = self.parameters
+        return (self.notebook + (f".{p['MODEL']}" if "MODEL" in p else "")
+                + (f".cap{p['GPU_MEMORY_GIB']:g}gib" if p.get("GPU_MEMORY_GIB") is not None else "")
+                + (".skips-" + "-".join(s.replace(" ", "-") for s in p["SKIP_PARTS"]) if p.get("SKIP_PARTS") else ""))
 
 
 # Groups in the order first planned; LEASES below runs them: after G1 and G2, the groups that answer the most
@@ -105,6 +108,15 @@ GROUPS: dict[str, list[Job]] = {
     # 15-30 s, 4 images: ~190 s in all), and the cold and warm processes (each ~40 s to start and build, a compile
     # cold or from artifacts, 3 images: ~125 s); docs/gpu-plan.md, G10
     "G10": [Job("15_the_recipe", 480, {"REPEATS": 2, "WARMUP": 1})],
+    # 08 and 09 on a smaller card's memory (GPU_MEMORY_GIB, fit.apply_cap), not timed on a GPU yet: the parts
+    # helpers.fit skips there (08 at 24 GiB: the no-offload reference; 09 at 16 GiB: the reference and NF4 alone) are
+    # rows with their reason, the rest runs. Estimates (docs/gpu-plan.md, G5c and G5d): G5a's 300 s less the
+    # reference's timings, plus block-level group offload eager (3 calls at ~2x model offload's 21.5 s) and the
+    # full-size random weights drawn on the CPU four times (~30 s each, not measured); 09: G5b's 450 s less the
+    # reference and NF4-alone timings, with one timed call per setting
+    "G5c": [Job("08_cpu_offload", 480, {"GPU_MEMORY_GIB": 24, "OFFLOAD_MODES": ["model", "group_block"],
+                                        "VARIANTS": ["eager"], "OFFLOAD_REPEATS": 1})],
+    "G5d": [Job("09_nf4_quantization", 360, {"GPU_MEMORY_GIB": 16, "REPEATS": 1, "WARMUP": 1})],
 }
 
 # G0, the GPU check: every notebook once on CUDA on the smoke profile, several at a time, before any full-size group.
@@ -130,6 +142,8 @@ GROUPS[CHECK_GROUP] = ([Job(nb, est, {"PROFILE": "smoke"}) for nb, est in _CHECK
                        # weights, the CUDA attention backends), on its three smoke models
                        + [Job("16_does_it_transfer", 60, {"PROFILE": "smoke", "LEVERS": [
                            "int8", "fp8", "nf4", "model offload", "group offload", "attention backends"]})])
+# (08 and 09 with SKIP_PARTS, the path without a reference on CUDA, would add 25-30 s to G0's wall estimate, past
+# CHECK_BUDGET_S; G5c and G5d run that path at full size)
 
 
 def check_wall_s(group: str = CHECK_GROUP) -> float:
@@ -150,7 +164,7 @@ LEASE_S = 780
 # G10 (notebook 15, the headline) follows the GPU check; it takes G7 from G6b's lease, which runs alone.
 LEASES: list[tuple[str, ...]] = [("G1", "G2"), ("G0", "G1"), ("G10", "G7"), ("G5a", "G5b"), ("G8", "G3e"),
                                  ("G6a", "G3b"), ("G4b", "G3c"), ("G6b",), ("G3a", "G3d"), ("G4a", "G2"),
-                                 ("G9a", "G9b")]
+                                 ("G9a", "G9b"), ("G5c",), ("G5d",)]
 RERUNS = {"G1", "G2"}
 LEASES_RUN = 1  # the first lease ran on 2026-11-26 (G1 439 s + G2 325.6 s of a 900 s lease; docs/gpu-plan.md)
 

@@ -190,12 +190,15 @@ def free_pipeline(*parts: Any) -> int:
     return 0
 
 
-def parity_latents(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None, torch.Tensor | None]:
-    """Run the pipeline once; return the error ('' if it ran), its latents' relative L2 to reference, the latents."""
+def parity_latents(pipe: Any, run: Run, reference: torch.Tensor | None) -> tuple[str, float | None,
+                                                                                  torch.Tensor | None]:
+    """Run the pipeline once; return the error ('' if it ran), its latents' relative L2 to reference (None without
+    a reference), the latents."""
     out: dict[str, Any] = {}
     error = error_of(lambda: out.setdefault("latents", workloads.pipeline_call(pipe, run, output_type="latent")().images))
     latents = out.get("latents")
-    return error, (quantize.relative_l2(reference, latents) if latents is not None else None), latents
+    compared = latents is not None and reference is not None
+    return error, (quantize.relative_l2(reference, latents) if compared else None), latents
 
 
 def parity(pipe: Any, run: Run, reference: torch.Tensor) -> tuple[str, float | None]:
@@ -236,17 +239,40 @@ class ModeChecks:
     """Notebook 08's work per offload mode, one call per step, each writing its row: install (the hooks), parity
     with the no-offload latents, latency and peak memory eager and compiled (GPU; `skipped` rows elsewhere), the
     fullgraph trace of the repeated blocks and, for group offload, diffusers' whole-model compile trace; then
-    claims() lists what must hold, as (claim, measured, expected, holds)."""
+    claims() lists what must hold, as (claim, measured, expected, holds).
+
+    Without a reference (the no-offload pipeline does not fit this GPU: no_reference says why), each claim that
+    compares against it is a `skipped` row 'not checkable: <claim>' with that reason, and each mode's output is
+    checked for what holds without one (it runs, its latents are finite)."""
 
     run: Run
     rows: ResultWriter
-    reference: torch.Tensor  # the no-offload pipeline's latents
-    inputs: dict[str, Any]  # the denoiser's inputs, for the traces
+    reference: torch.Tensor | None  # the no-offload pipeline's latents; None where it was skipped
+    inputs: dict[str, Any] | None  # the denoiser's inputs, for the traces; None: taken from the first offloaded one
     variants: list[str]
     repeats: int
     recompile_limit: int
+    no_reference: str = ""  # why there is no reference ('' when there is one)
     default_call_error: str = ""
     info: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """A missing reference needs its reason, and a reason no missing reference."""
+        if (self.reference is None) != bool(self.no_reference):
+            raise ValueError("ModeChecks: pass no_reference (why) exactly when reference is None; got "
+                             f"reference {'None' if self.reference is None else 'given'}, "
+                             f"no_reference={self.no_reference!r}")
+
+    def first_to_run(self, mode: str) -> bool:
+        """Without a reference: True when mode is the first offload mode whose pipeline ran here, sequential offload
+        aside (the slowest: one more call would cost minutes), so it draws the notebook's first image; always False
+        with a reference (its image comes first)."""
+        ran = [m for m in self.info if m != "sequential" and self.get(f"{m} offload: parity") == "skipped"]
+        return self.reference is None and ran[:1] == [mode]
+
+    def not_checkable(self, claim: str) -> None:
+        """A claim that compares against the missing reference: a skipped row saying why, never a passing claim."""
+        self.rows.record(f"not checkable: {claim}", status="skipped", reason=f"no reference: {self.no_reference}")
 
     def last(self, scenario: str) -> Any:
         """This run's last row named scenario, or None."""
@@ -291,6 +317,10 @@ class ModeChecks:
                              reason="compile is measured here only beside offloading, which needs a CUDA GPU; "
                                     "regional compile without offload on this CPU is notebook 04's subject")
             return []
+        if self.reference is None:
+            self.rows.record(scenario, status="skipped", offload_mode="none", variant="regional",
+                             reason=self.no_reference)
+            return []
         self.measure_compiled(pipe, scenario, "regional",
                               lambda p, _: pipelines.denoiser(p).compile_repeated_blocks(fullgraph=True),
                               offload_mode="none")
@@ -315,13 +345,15 @@ class ModeChecks:
         offload is smaller than without offload."""
         out = [("freeing a pipeline leaves less than 1% of its weights allocated", max(left_after_free.values()),
                 f"< {0.01 * weights_bytes:.3g}", all(b < 0.01 * weights_bytes for b in left_after_free.values()))]
-        if {"model", "sequential"} <= set(ratios.index):
-            peaks = ratios["peak memory / no offload (x)"]
-            out.append(("sequential offload peaks below model offload", peaks["sequential"], f"< {peaks['model']:.3g}",
+        if {"model", "sequential"} <= set(ratios.index):  # the peaks themselves: no reference needed
+            peaks = {m: self.ok(f"{m} offload eager", "peak_memory_bytes") for m in ("model", "sequential")}
+            out.append(("sequential offload peaks below model offload", peaks["sequential"], f"< {peaks['model']}",
                         peaks["sequential"] < peaks["model"]))
         base = ratio(self.ok("no offload eager", "latency_median_s"),
                      self.ok("no offload regional compile", "latency_median_s"))
         speedup = ratios["compile speedup under offload (x)"].get("model") if len(ratios) else None
+        if self.reference is None and speedup is not None and not math.isnan(speedup):
+            self.not_checkable("the compile speedup under model offload is smaller than without offload")
         if base and speedup is not None and not math.isnan(speedup):
             out.append(("the compile speedup under model offload is smaller than without offload", speedup,
                         f"< {base:.3g}", speedup < base))
@@ -360,14 +392,18 @@ class ModeChecks:
         run_error, drift, latents = ((install_error, None, None) if install_error
                                      else parity_latents(pipe, self.run, self.reference))
         self.info.setdefault(mode, {})["latents"] = latents
-        self.rows.record(scenario or f"{mode} offload: parity", status="failed" if run_error else "ok",
-                         reason=f"the offloaded pipeline did not run: {run_error}" if run_error else "",
+        finite = latents is not None and bool(latents.isfinite().all())
+        status = "failed" if run_error else "skipped" if self.reference is None else "ok"
+        self.rows.record(scenario or f"{mode} offload: parity", status=status,
+                         reason=f"the offloaded pipeline did not run: {run_error}" if run_error else
+                         f"ran; not compared: no reference: {self.no_reference}" if self.reference is None else "",
                          offload_mode=mode, execution_device=str(pipe._execution_device), run_error=run_error,
-                         drift_vs_no_offload=drift, **extra)
+                         drift_vs_no_offload=drift, latents_finite=finite, **extra)
         hooks = hook_summary(pipe)
         count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
-        print(f"{scenario or mode + ' offload'}: {count} hooks; " + (f"did not run here: {run_error[:90]}" if run_error
-              else f"latents against no offload's: relative L2 {drift:.3g}"))
+        print(f"{scenario or mode + ' offload'}: {count} hooks; " + (
+            f"did not run here: {run_error[:90]}" if run_error else "ran; no reference to compare its latents with"
+            if self.reference is None else f"latents against no offload's: relative L2 {drift:.3g}"))
         return run_error, drift
 
     def _failure(self, scenario: str, err: BaseException, **extra: Any) -> None:
@@ -435,6 +471,8 @@ class ModeChecks:
         """Can compile_repeated_blocks(fullgraph=True) trace the blocks under this mode's hooks (one row, any
         device), and, for group offload, diffusers' whole-model compile (one more row)? Both on dynamo's eager
         backend: no kernels are built and nothing is timed, so they say nothing about speed."""
+        if self.inputs is None:  # no reference pipeline: the same inputs, built by this offloaded one
+            self.inputs = workloads.run_inputs(pipe, self.run)
         if "compile" in self.mode_variants(mode):
             self.rows.record(f"{mode} offload: compile trace", offload_mode=mode, backend="eager",
                              **compile_trace(pipe, self.inputs, self.recompile_limit))
@@ -468,7 +506,8 @@ class ModeChecks:
         trace = f"{mode} offload: fullgraph trace"
         out = {"offload hooks (count)": sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values()),
                "latents vs no offload (relative L2)": self.ok(parity_row, "drift_vs_no_offload")
-               if self.get(parity_row) == "ok" else later if mode == "sequential" else self.get(parity_row),
+               if self.get(parity_row) == "ok" else "not checkable: no reference"
+               if self.get(parity_row) == "skipped" else later if mode == "sequential" else self.get(parity_row),
                "hooks in repeated blocks (count)": self.get(trace, "hooks_in_repeated_blocks")
                if self.get(trace) else later,
                "blocks trace as one graph": self.get(trace, "traced") if self.get(trace) else later}
@@ -517,13 +556,21 @@ class ModeChecks:
                         "TypeError / runs", linear["cpu:0"].startswith("TypeError") and linear["cpu"] == "runs"))
             parity_row = "sequential offload: stand-in parity"
         drift = self.get(parity_row, "drift_vs_no_offload")
+        suffix = " (accelerate stand-in)" if "stand-in" in parity_row else ""
+        claim = f"{mode} offload leaves the latents unchanged{suffix}"
+        if self.reference is None:  # what holds without a reference; the comparison is a skipped row
+            self.not_checkable(claim)
+            out.append((f"{mode} offload runs and draws finite latents{suffix}",
+                        self.get(parity_row, "run_error") or f"finite {self.get(parity_row, 'latents_finite')}",
+                        "finite True", self.get(parity_row) == "skipped"
+                        and self.get(parity_row, "latents_finite") is True))
         # a GPU: transfers and kernels may differ in rounding; a CPU: bit for bit, except that model offload's
         # Module.to('cpu:0') copies the weights, which can move a float sum's last bits (Going deeper of notebook 08)
         bound = 1e-2 if self.run.is_cuda else CPU_COPY_BOUND if mode == "model" else 0.0
-        out.append((f"{mode} offload leaves the latents unchanged" + (" (accelerate stand-in)" if "stand-in" in
-                                                                       parity_row else ""),
-                    drift if drift is not None else self.get(parity_row, "reason"), f"<= {bound:g} (relative L2)",
-                    self.get(parity_row) == "ok" and drift is not None and drift <= bound))
+        if self.reference is not None:
+            out.append((claim, drift if drift is not None else self.get(parity_row, "reason"),
+                        f"<= {bound:g} (relative L2)", self.get(parity_row) == "ok" and drift is not None
+                        and drift <= bound))
         if "regional" in self.variants:
             trace = f"{mode} offload: fullgraph trace"
             inside = self.get(trace, "hooks_in_repeated_blocks")
@@ -561,6 +608,8 @@ class ModeChecks:
             if self.get(eager) == "ok" and base and self.run.profile == "full":
                 out.append((f"{eager}: peaks below no offload", self.get(eager, "peak_memory_bytes"), f"< {base}",
                             self.get(eager, "peak_memory_bytes") < base))
+            elif self.get(eager) == "ok" and self.reference is None and self.run.profile == "full":
+                self.not_checkable(f"{eager}: peaks below no offload")
         if "regional" in self.variants:
             compiled, traced = f"{mode} offload regional compile", self.get(f"{mode} offload: fullgraph trace", "traced")
             out.append((f"{compiled}: runs exactly when its fullgraph trace did", self.get(compiled),

@@ -27,13 +27,42 @@ class Session:
         """Show an image or a grid, judged and recorded (gallery.Gallery.show; its verdicts are in s.gallery's rows)."""
         self.gallery.show(images, prompts, title, **options)
 
-    def skip_reason(self, part: str) -> str:
-        """'' when a part of the notebook (helpers.fit's Need.part) fits this GPU on the full profile, else why not."""
+    def _decision(self) -> fit.Decision | None:
+        """helpers.fit's decision for this run's full profile on this GPU (or its cap); None off it or off CUDA."""
         if self.run.profile != "full" or not self.run.is_cuda:
-            return ""
+            return None
         gpu = params._gpu()
         return fit.decide(self.run.notebook, self.run.model, gpu.total_gib if gpu else 0.0, self.run.gpu_memory_gib,
-                          self.run.dtype_name).part(part)
+                          self.run.dtype_name)
+
+    def skip_reason(self, part: str) -> str:
+        """'' when a part of the notebook (a fit.PARTS key, or its Need.part name) fits this GPU on the full profile,
+        else why not."""
+        decision = self._decision()
+        return decision.part(part) if decision is not None else ""
+
+    def skipped_parts(self) -> dict[str, str]:
+        """fit.PARTS key -> why this run skips it: every part that does not fit this GPU (or GPU_MEMORY_GIB) on the
+        full profile (none off it or off CUDA), and those the knob SKIP_PARTS names, to rehearse a smaller card on
+        any profile. A bad SKIP_PARTS raises a ParameterError naming the parts."""
+        parts = fit.PARTS.get(self.run.notebook, ())
+        rehearse = self.run.knobs.get("SKIP_PARTS")
+        if rehearse is not None:
+            if isinstance(rehearse, str):  # a bare string would be read letter by letter
+                raise params.ParameterError(f"SKIP_PARTS={rehearse!r} is not allowed; use None or a list of parts, "
+                                            f"each one of: {', '.join(repr(p) for p in parts)}")
+            params.check_subset("SKIP_PARTS", rehearse, parts)
+        decision = self._decision()
+        fits_not = decision.skipped if decision is not None else {}
+        needs = {n.key: n for n in fit.needs(self.run.notebook, self.run.model)}
+        out = {}
+        for part in parts:
+            if part in fits_not:
+                out[part] = fits_not[part]
+            elif part in (rehearse or ()):
+                need = f"; on the full profile it needs {needs[part].gib:.1f} GiB" if part in needs else ""
+                out[part] = f"SKIP_PARTS rehearses a smaller card: skipped as if it did not fit this GPU{need}"
+        return out
 
     def guard(self, scenario: str, **fields: Any) -> Any:
         """A part that may run out of GPU memory: an 'oom' row with the figure instead of a crash (fit.guard)."""

@@ -146,3 +146,104 @@ def test_16_runs_full_where_its_smallest_model_fits_and_skips_the_others(gib, pr
     # a planted larger need turns the 80 GB decision: the decision reads the needs
     monkeypatch.setattr(fit, "COMPILE_WORKSPACE_GIB", 20.0)
     assert "flux2-dev" in fit.decide("16_does_it_transfer", "all", 80.0).skipped
+
+
+def _planted_session(monkeypatch, notebook: str, gib: float, cap: float | None = None, **knobs):
+    """A session of notebook as on a planted GPU of gib (or capped at cap): the run resolved there, its device CUDA;
+    nothing is built, so no GPU is needed."""
+    import dataclasses
+
+    from helpers import session
+
+    monkeypatch.setattr(params, "_gpu", lambda: params.Gpu("planted GPU", float(gib), True))
+    run = params.resolve(notebook, PROFILE="auto", DTYPE="bf16", GPU_MEMORY_GIB=cap, **knobs)
+    return session.Session(run=dataclasses.replace(run, device=torch.device("cuda")), card=None, writer=None)
+
+
+@pytest.mark.parametrize(("notebook", "gib", "cap", "skipped"), [
+    ("08_cpu_offload", 12, None, ["model offload", "eager"]),
+    ("08_cpu_offload", 16, None, ["model offload", "eager"]),
+    ("08_cpu_offload", 24, None, ["eager"]),
+    ("08_cpu_offload", 80, None, []),
+    ("08_cpu_offload", 80, 24, ["eager"]),
+    ("08_cpu_offload", 80, 16, ["model offload", "eager"]),
+    ("09_nf4_quantization", 12, None, None),  # NF4 + offload does not fit: the smoke profile, nothing skipped
+    ("09_nf4_quantization", 16, None, ["nf4", "eager"]),
+    ("09_nf4_quantization", 24, None, ["eager"]),
+    ("09_nf4_quantization", 80, None, []),
+    ("09_nf4_quantization", 80, 16, ["nf4", "eager"]),
+])
+def test_skipped_parts_on_planted_gpus(notebook, gib, cap, skipped, monkeypatch):
+    """The parts 08 and 09 skip, by their PARTS keys (the names the notebooks' why_skip reads), each with the GiB it
+    needs and the GiB usable; a cap counts as the smaller card."""
+    s = _planted_session(monkeypatch, notebook, gib, cap)
+    got = s.skipped_parts()
+    if skipped is None:
+        assert s.run.profile == "smoke" and got == {}
+        return
+    assert s.run.profile == "full" and list(got) == skipped
+    card = f"{cap:g} GiB (GPU_MEMORY_GIB)" if cap else f"{gib} GiB"
+    for part, why in got.items():
+        assert re.fullmatch(rf"needs \d+\.\d GiB \(.*\), this GPU has \d+\.\d GiB usable of {re.escape(card)}", why)
+        assert s.skip_reason(part) == why  # the same decision, by key
+    assert s.skip_reason("eager pipeline") == got.get("eager", "")  # and by the README's name
+
+
+def test_a_planted_wrong_need_fails_the_24_gb_check(monkeypatch):
+    """The 24 GB decision reads the needs: with the eager need planted at 10 GiB, the check that 08 and 09 skip their
+    reference on a 24 GB card fails."""
+    def reference_skipped() -> bool:
+        return all("eager" in _planted_session(monkeypatch, nb, 24).skipped_parts()
+                   for nb in ("08_cpu_offload", "09_nf4_quantization"))
+
+    assert reference_skipped()
+    monkeypatch.setattr(fit, "FLUX_EAGER_GIB", 10.0)
+    assert not reference_skipped()
+
+
+def test_skip_parts_rehearses_a_smaller_card_and_is_validated(monkeypatch):
+    """SKIP_PARTS adds parts to skip on any profile (here the smoke one, on a CPU), saying what each needs at full
+    size; on a planted GPU it adds to what does not fit; a part the notebook does not have is refused, naming them."""
+    from helpers import session
+
+    monkeypatch.setattr(params, "_gpu", lambda: None)
+    s = session.Session(run=params.resolve("08_cpu_offload", PROFILE="smoke", SKIP_PARTS=["eager", "model offload"]),
+                        card=None, writer=None)
+    got = s.skipped_parts()
+    assert list(got) == ["model offload", "eager"]  # in PARTS order
+    assert got["eager"].startswith("SKIP_PARTS rehearses a smaller card") and "needs 33.9 GiB" in got["eager"]
+    assert "needs 22.7 GiB" in got["model offload"] and s.skip_reason("eager") == ""  # the GPU's decision: none here
+    planted = _planted_session(monkeypatch, "08_cpu_offload", 24, SKIP_PARTS=["group offload"])
+    assert list(planted.skipped_parts()) == ["group offload", "eager"]
+    assert planted.skipped_parts()["eager"].startswith("needs 33.9 GiB")  # fit's reason wins where both apply
+    for bad, message in ((["nf4"], "SKIP_PARTS contains \\['nf4'\\].*'group offload', 'model offload'"),
+                         ("eager", "SKIP_PARTS='eager' is not allowed.*list of parts"), ([], "SKIP_PARTS is empty")):
+        s = session.Session(run=params.resolve("08_cpu_offload", PROFILE="smoke", SKIP_PARTS=bad), card=None,
+                            writer=None)
+        with pytest.raises(params.ParameterError, match=message):
+            s.skipped_parts()
+    assert session.Session(run=params.resolve("09_nf4_quantization", PROFILE="smoke"), card=None,
+                           writer=None).skipped_parts() == {}
+
+
+def test_decisions_are_keyed_by_the_notebooks_part_names():
+    """Decision.skipped uses fit.PARTS keys for every notebook and memory class, the README its descriptive names;
+    a part a notebook does not have is an error, not a silent 'fits'."""
+    for nb in fit.PARTS:
+        for gib in fit.MEMORY_CLASSES:
+            d = fit.decide(nb, "flux-dev" if nb != fit.TRANSFER_NOTEBOOK else "all", float(gib))
+            assert set(d.skipped) <= set(fit.PARTS[nb]), (nb, gib, d.skipped)
+    d = fit.decide("08_cpu_offload", "flux-dev", 16.0)
+    assert d.names["model offload"] == "model CPU offload" and d.part("model offload") == d.part("model CPU offload")
+    with pytest.raises(ValueError, match="'group offload'.*'eager'"):
+        d.part("eager pipline")
+    assert fit.decide("16_does_it_transfer", "all", 48.0).part("qwen-image").startswith("needs")
+
+
+def test_notebook_16_skip_reason_by_model(monkeypatch):
+    """Notebook 16's parts are model names: skip_reason keeps answering for them."""
+    s = _planted_session(monkeypatch, "16_does_it_transfer", 48, MODEL="all",
+                         models=("all", "flux-dev", "qwen-image", "flux2-dev"))
+    assert s.run.profile == "full" and s.skip_reason("flux-dev") == ""
+    assert "needs" in s.skip_reason("qwen-image") and "needs" in s.skip_reason("flux2-dev")
+    assert list(s.skipped_parts()) == ["qwen-image", "flux2-dev"]

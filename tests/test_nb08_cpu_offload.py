@@ -147,7 +147,42 @@ def test_offload_rows(tmp_path):
     assert expected <= set(claims), expected - set(claims)
 
 
+def test_a_12_gb_card_rehearsed_skips_the_reference_and_model_offload(tmp_path):
+    """SKIP_PARTS rehearses the decision helpers.fit makes for a 12-16 GB card (no reference, no model offload) on the
+    smoke profile: nothing is compared against the missing reference (each such claim a `not checkable` row with the
+    reason), the first image comes from group offload, and the Checks cell still passes."""
+    nb = run_notebook("08_cpu_offload", tmp_path, SKIP_PARTS=["eager", "model offload"])
+    scenarios = set(nb.rows["scenario"])
+    for scenario in ("no offload eager", "model offload eager"):
+        row = nb.row(scenario)
+        assert row["status"] == "skipped" and row["reason"].startswith("SKIP_PARTS rehearses a smaller card")
+        assert "on the full profile it needs" in row["reason"]
+    assert not {"model offload: hooks", "model offload: parity", "model offload: weights copied, no offload"} & scenarios
+    for mode in ("group_block", "group_leaf"):
+        parity = nb.row(f"{mode} offload: parity")
+        assert parity["status"] == "skipped" and "no reference: SKIP_PARTS" in parity["reason"]
+        assert parity["extra"]["latents_finite"] is True and parity["extra"]["drift_vs_no_offload"] is None
+        assert nb.row(f"{mode} offload: fullgraph trace")["extra"]["traced"] is False  # traced on its own inputs
+        assert nb.row(f"{mode} offload: compile trace")["extra"]["matches_eager"] is True
+    for claim in ("group_block offload leaves the latents unchanged", "group_leaf offload leaves the latents unchanged",
+                  "sequential offload leaves the latents unchanged (accelerate stand-in)"):
+        row = nb.row(f"not checkable: {claim}")
+        assert row["status"] == "skipped" and row["reason"].startswith("no reference: SKIP_PARTS rehearses")
+    shown = nb.row("shown: group_block offload, the first mode that ran")["extra"]
+    assert shown["judged"] is True and [g["share"] for g in shown["grid"]] == [1.0]
+    assert [s for s in scenarios if s.startswith("shown: ")] == ["shown: group_block offload, the first mode that ran"]
+
+    claims = nb.checks()
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    assert {"group_block offload runs and draws finite latents", "group_leaf offload runs and draws finite latents",
+            "sequential offload runs and draws finite latents (accelerate stand-in)",
+            "every image shown reads as its prompt's digit (a grid row: at least its floor)"} <= set(claims)
+    assert not [c for c in claims if "leaves the latents unchanged" in c or c.startswith("model offload")]
+
+
 @pytest.mark.parametrize("knob, value, allowed", [
+    ("SKIP_PARTS", ["nf4"], "'group offload', 'model offload', 'sequential offload', 'eager'"),
+    ("SKIP_PARTS", "eager", "list of parts.*'group offload'"),
     ("OFFLOAD_MODES", ["disk"], "'model', 'sequential', 'group_block', 'group_leaf'"),
     ("VARIANTS", ["max-autotune"], "'eager', 'regional', 'compile'"),
     ("OFFLOAD_REPEATS", -1, "must be a positive integer"),
@@ -204,3 +239,37 @@ def test_copy_weights_moves_every_tensor():
 def pd_isna(value) -> bool:
     """True for None or NaN."""
     return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def test_without_a_reference_what_holds_is_checked_and_the_comparison_is_a_skipped_row(tmp_path):
+    """ModeChecks without a reference: it needs the reason; a mode's claim becomes 'runs and draws finite latents'
+    (planted non-finite latents fail it), the comparison a 'not checkable' row with the reason; the first mode that
+    ran draws the first image only where there is no reference."""
+    from helpers import session
+
+    s = session.start("08_cpu_offload", PROFILE="smoke", DTYPE="fp32", RESULTS_DIR=str(tmp_path))
+    with pytest.raises(ValueError, match="no_reference"):
+        offload.ModeChecks(s.run, s.writer, reference=None, inputs=None, variants=[], repeats=1, recompile_limit=8)
+    with pytest.raises(ValueError, match="no_reference"):
+        offload.ModeChecks(s.run, s.writer, reference=torch.zeros(1), inputs=None, variants=[], repeats=1,
+                           recompile_limit=8, no_reference="needs 33.9 GiB")
+    checker = offload.ModeChecks(s.run, s.writer, reference=None, inputs=None, variants=[], repeats=1,
+                                 recompile_limit=8, no_reference="needs 33.9 GiB, this GPU has 23.0 GiB usable")
+    hooks = {"transformer": {"accelerate_hooks": 0, "accelerate_hook_types": [], "group_offload_hooks": 2,
+                             "parameter_devices": ["cpu"]}}
+    assert not checker.first_to_run("group_block")
+    for finite in (True, False):
+        s.writer.record("group_block offload: hooks", hooks=hooks)
+        s.writer.record("group_block offload: parity", status="skipped", reason="ran", run_error="",
+                        latents_finite=finite)
+        checker.info["group_block"] = {}
+        got = {c[0]: c[3] for c in checker.claims("group_block")}
+        assert got["group_block offload runs and draws finite latents"] is finite
+        assert "group_block offload leaves the latents unchanged" not in got
+        row = s.writer.rows[-1]
+        assert (row.scenario, row.status) == ("not checkable: group_block offload leaves the latents unchanged",
+                                              "skipped") and "needs 33.9 GiB" in row.reason
+    assert checker.first_to_run("group_block") and not checker.first_to_run("group_leaf")
+    with_ref = offload.ModeChecks(s.run, s.writer, reference=torch.zeros(1), inputs=None, variants=[], repeats=1,
+                                  recompile_limit=8, info={"group_block": {}})
+    assert not with_ref.first_to_run("group_block")

@@ -103,7 +103,43 @@ def test_nf4_rows(tmp_path):
         assert "nf4 quality" not in set(rows["scenario"]) and "quality cannot be judged" in nb.text()
 
 
+def test_a_24_gb_card_rehearsed_skips_the_reference(tmp_path):
+    """SKIP_PARTS rehearses the decision helpers.fit makes for a 24 GB card (no bf16 reference) on the smoke profile:
+    the reference stays in CPU memory, NF4's claims against it are `not checkable` rows with the reason, what holds
+    without it is still checked (finite outputs, the weight error against the weights it was loaded from, compile),
+    the first image is NF4's, and the Checks cell passes."""
+    nb = run_notebook("09_nf4_quantization", tmp_path, SKIP_PARTS=["eager"])
+    rows, dtype = nb.rows, nb.rows["dtype"].iloc[0]
+    reference = nb.row(f"{dtype} eager")
+    assert reference["status"] == "skipped" and reference["reason"].startswith("SKIP_PARTS rehearses a smaller card")
+    assert "on the full profile it needs 33.9 GiB" in reference["reason"]
+    eager = nb.row("nf4 eager")
+    assert eager["status"] == "ok" and eager["extra"]["outputs_finite"] is True
+    assert eager["extra"]["drift_vs_reference"] is None
+    for k in ("latents", "transformer", "text_encoder_2"):
+        row = nb.row(f"not checkable: NF4 drift of the {k} lies in the band its weight error allows")
+        assert row["status"] == "skipped" and "SKIP_PARTS rehearses" in row["reason"]
+    assert nb.row("not checkable: nf4 compiled: finite, and closer to eager NF4 than half of NF4's drift")[
+        "status"] == "skipped"
+    compiled = nb.row("nf4 compiled")
+    assert compiled["status"] == "ok" and compiled["graph_breaks"] == 0 and compiled["extra"]["outputs_finite"] is True
+    assert "nf4 quality" not in set(rows["scenario"])  # no reference images to compare with
+    shown = [s for s in rows["scenario"] if s.startswith("shown: ")]
+    assert shown == ["shown: the ten digits, NF4, same seeds"]
+    grid = nb.row("shown: the ten digits, NF4, same seeds")["extra"]
+    assert [g["label"] for g in grid["grid"]] == ["NF4"] and grid["grid"][0]["share"] >= 0.8
+
+    claims = nb.checks()
+    assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
+    assert {"NF4 outputs are finite", "nf4 compiled: finite latents",
+            "transformer: the weight error is the NF4 format's, within 2%",
+            "every image shown reads as its prompt's digit (a grid row: at least its floor)"} <= set(claims)
+    assert not [c for c in claims if "drift" in c]
+
+
 @pytest.mark.parametrize("knob, value, allowed", [
+    ("SKIP_PARTS", ["group offload"], "'nf4 offload', 'nf4', 'eager'"),
+    ("SKIP_PARTS", [], "is empty"),
     ("QUANTIZE", ["vae"], "'transformer', 'text_encoder_2'"),
     ("COMPILE", "max-autotune", "'regional', 'full'"),
     ("WITH_OFFLOAD", "yes", "True, False"),
@@ -113,3 +149,30 @@ def test_bad_knobs_fail_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=f"{knob}.*{allowed}"):
         run_setup("09_nf4_quantization", tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
+
+
+def test_claims_without_a_reference_check_what_holds(tmp_path):
+    """Without a reference: the compiled NF4 latents are checked for being finite (a failed compile fails it), the
+    drift bound and the offload peak comparison become 'not checkable' rows; a missing reason is an error."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from helpers import session
+
+    s = session.start("09_nf4_quantization", PROFILE="smoke", DTYPE="fp32", RESULTS_DIR=str(tmp_path))
+    failed = {"status": "failed", "reason": "planted: the compile raised", "graph_breaks": 0, "recompiles": 0}
+    with pytest.raises(ValueError, match="no_reference"):
+        quantize.record_compiled(s.writer, "nf4 compiled", failed, torch.zeros(2), None, "regional")
+    claims = quantize.record_compiled(s.writer, "nf4 compiled", failed, torch.zeros(2), None, "regional",
+                                      no_reference="needs 33.9 GiB")
+    assert [c[0] for c in claims][-1] == "nf4 compiled: finite latents" and claims[-1][3] is False
+    assert any(r.scenario == "not checkable: nf4 compiled: finite, and closer to eager NF4 than half of NF4's drift"
+               and r.status == "skipped" and "needs 33.9 GiB" in r.reason for r in s.writer.rows)
+    low, high = SimpleNamespace(peak_bytes=5), SimpleNamespace(peak_bytes=10)
+    assert quantize.offload_peak_claims(s.writer, low, high)[0][3] is True
+    assert quantize.offload_peak_claims(s.writer, high, low)[0][3] is False  # planted: offload did not lower it
+    assert quantize.offload_peak_claims(s.writer, low, "needs 15.0 GiB") == []
+    assert s.writer.rows[-1].scenario == "not checkable: model offload lowers NF4's peak GPU memory"
+    with pytest.raises(ValueError, match="why it did not run"):
+        quantize.offload_peak_claims(s.writer, low, "")
