@@ -219,12 +219,26 @@ def install(wheels: list[Path], site: Path) -> dict[str, str]:
     return env
 
 
+def rehearsal_parameters(notebook: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A job's parameters for the CPU rehearsal (--profile smoke): a GPU_MEMORY_GIB cap, which a machine without CUDA
+    refuses, becomes the SKIP_PARTS the cap's decision gives on the full profile, so the rehearsal takes the path the
+    capped run takes (notebooks 08 and 09)."""
+    if parameters.get("GPU_MEMORY_GIB") is None:
+        return parameters
+    from helpers import fit  # torch-heavy: only where a cap is rehearsed
+
+    cap = float(parameters["GPU_MEMORY_GIB"])
+    decision = fit.decide(notebook, parameters.get("MODEL", "flux-dev"), cap, cap)
+    rest = {k: v for k, v in parameters.items() if k != "GPU_MEMORY_GIB"}
+    return rest | ({"SKIP_PARTS": sorted(decision.skipped)} if decision.skipped else {})  # SKIP_PARTS=[] is refused
+
+
 def run_job(job: Job, profile: str, work: Path, env: dict[str, str], deadline: float) -> str:
     """Execute one notebook with papermill in its own process group, killed at the deadline; its status line."""
     executed = work / "executed"
     executed.mkdir(parents=True, exist_ok=True)
     params = {"PROFILE": profile, "RESULTS_DIR": str(work / "results"), "FIGURES_DIR": str(work / "figures")}
-    params |= job.parameters
+    params |= rehearsal_parameters(job.notebook, job.parameters) if profile == "smoke" else job.parameters
     pfile = work / f"{job.label}.params.json"
     pfile.write_text(json.dumps(params))
     cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / f"{job.notebook}.ipynb"),

@@ -193,3 +193,19 @@ def test_bundle_plan_holds_the_pins_and_leaves_torch_to_the_host():
         assert bundled.get(name) == pinned[name], f"{name}: bundle {bundled.get(name)} vs pin {pinned[name]}"
     assert not any(gpu_bundle.HOST_STACK.match(n.replace("-", "_")) for n in bundled), "torch stack bundled"
     assert "numpy" in from_image and "numpy" not in bundled
+
+
+def test_a_capped_group_rehearses_the_skips_its_cap_decides():
+    # on the CPU rehearsal a cap (refused without CUDA) becomes the parts fit skips under it on the full profile
+    for group, notebook, skipped in (("G5c", "08_cpu_offload", ["eager"]), ("G5d", "09_nf4_quantization",
+                                                                          ["eager", "nf4"])):
+        (job,) = gpu_run.GROUPS[group]
+        rehearsed = gpu_run.rehearsal_parameters(job.notebook, job.parameters)
+        assert job.notebook == notebook and "GPU_MEMORY_GIB" not in rehearsed
+        assert rehearsed["SKIP_PARTS"] == skipped, (group, rehearsed)
+        assert {k: v for k, v in rehearsed.items() if k != "SKIP_PARTS"} == {
+            k: v for k, v in job.parameters.items() if k != "GPU_MEMORY_GIB"}
+    planted = gpu_run.rehearsal_parameters("09_nf4_quantization", {"GPU_MEMORY_GIB": 80})  # a big card skips nothing
+    assert planted == {}
+    uncapped = {"REPEATS": 1}
+    assert gpu_run.rehearsal_parameters("09_nf4_quantization", uncapped) is uncapped
