@@ -14,6 +14,7 @@ from helpers import fit, paths, precision
 
 PROFILES: tuple[str, ...] = ("auto", "smoke", "full")
 MODELS: tuple[str, ...] = ("flux-dev", "sdxl")
+TRANSFER_ONLY_MODELS: tuple[str, ...] = ("qwen-image", "flux2-dev")  # notebook 16 only: the others refuse them
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # DTYPE="auto": bf16 where the device computes it natively (any CUDA GPU, a CPU with AVX512-BF16 or AMX), else fp32.
 # On a CPU without bf16 instructions the bf16 convolutions run a slow fallback that makes the VAE most of a smoke
@@ -261,6 +262,10 @@ def resolve(
     its warm-up and its samples, so a reduced setting is visible in the results. GPU_MEMORY_GIB (None: all of the
     GPU) caps the CUDA allocator so the GPU stands for a card of that memory (helpers.fit)."""
     check_choice("PROFILE", PROFILE, PROFILES)
+    if MODEL in TRANSFER_ONLY_MODELS and MODEL not in tuple(models):
+        raise ParameterError(f"MODEL={MODEL!r} is not taught in {notebook}, whose lesson runs on "
+                             f"{', '.join(repr(m) for m in models)}; notebook 16_does_it_transfer tries every lever of "
+                             f"the collection on {MODEL}")
     check_choice("MODEL", MODEL, tuple(models))
     check_choice("DTYPE", DTYPE, DTYPE_CHOICES)
     if not isinstance(SEED, int):

@@ -149,3 +149,13 @@ def test_cpu_note_names_what_the_arithmetic_depends_on():
     assert note.startswith("CPU: ") and "torch capability" in note
     assert f"native bf16 (DTYPE='auto' -> bf16): {'yes' if _NATIVE_BF16 else 'no'}" in note
     assert "bitsandbytes AVX512-BF16 path: " in note
+
+
+def test_a_model_of_notebook_16_is_refused_elsewhere_with_the_reason():
+    for model in params.TRANSFER_ONLY_MODELS:
+        with pytest.raises(params.ParameterError, match=rf"not taught in 03_torch_compile.*16_does_it_transfer.*{model}"):
+            params.resolve("03_torch_compile", MODEL=model, PROFILE="smoke")
+    with pytest.raises(params.ParameterError, match="MODEL='sd3' is not allowed; choose one of"):  # unknown: the list
+        params.resolve("03_torch_compile", MODEL="sd3", PROFILE="smoke")
+    assert params.resolve("16_does_it_transfer", MODEL="qwen-image", PROFILE="smoke",
+                          models=("all", "flux-dev", "qwen-image", "flux2-dev")).model == "qwen-image"
