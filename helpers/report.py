@@ -255,7 +255,8 @@ def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR
     for t in table.to_dict("records"):
         day = str(full.loc[full["hardware"] == t["hardware"], "timestamp"].max())[:10]
         gap = f" ({t['why the gap']})" if t["why the gap"] else ""
-        phrases.append(f"{t['measured']} on {t['hardware']} ({day}), {t['verdict']}{gap}")
+        verdict = f"{t['verdict']} of the published figure" if t["verdict"].startswith("within") else t["verdict"]
+        phrases.append(f"{t['measured']} on {t['hardware']} ({day}), {verdict}{gap}")
     return ("measured by this project: " + "; ".join(phrases)) if phrases else ""
 
 

@@ -79,10 +79,13 @@ class Session:
         device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
         if c.memory_cap:
             device += f", {c.memory_cap}"
+        pd.set_option("display.max_colwidth", 200)  # the card's reasons are sentences: shown whole, not cut at 50
         rows = [("device", device), ("dtype", r.dtype_reason or r.dtype_name), ("profile", r.profile_reason),
                 ("model", r.model), ("weights", r.weights_reason or r.weights),
                 ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
-                              f"{r.settings.max_sequence_length} text tokens, guidance {r.settings.guidance}")),
+                              + {"flux-dev": f"{r.settings.max_sequence_length} T5 tokens, ", "sdxl": "77 CLIP tokens, "}
+                              .get(r.model, f"{r.settings.max_sequence_length} text tokens, ")
+                              + f"guidance {r.settings.guidance}")),
                 ("torch / diffusers", f"{c.versions.get('torch', '?')} / {c.versions.get('diffusers', '?')}"),
                 ("git revision", c.git_rev)]
         if full:

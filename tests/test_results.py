@@ -359,7 +359,7 @@ def test_a_smoke_line_carries_the_projects_own_gpu_figure(tmp_path):
     assert report.project_figure("compile-speedup", results_dir=tmp_path) == ""  # nothing committed: nothing said
     _gpu_03_rows(tmp_path, 1.45)
     line = report.published_line("compile-speedup", 0.8, "cpu", "smoke", results_dir=tmp_path)
-    assert line.endswith("; measured by this project: 1.45x on h200 (2026-11-26), within ±15%")
+    assert line.endswith("; measured by this project: 1.45x on h200 (2026-11-26), within ±15% of the published figure")
     full = report.published_line("compile-speedup", 1.45, "h200", "full", results_dir=tmp_path)
     assert "measured by this project" not in full  # a full run's own figure is the one beside the published
     assert report.project_figure("eager-latency", results_dir=tmp_path) == ""  # 03's rows answer no 00 comparison
