@@ -100,14 +100,17 @@ class ColdStart:
                 "process_wall_s": self.process_wall_s, "startup_s": self.startup_s,
                 "kernel_files_built": self.extra.get("kernel_files_built", 0)}
 
-    def line(self, label: str) -> str:
-        """One printed line: the first call with its cache lookups, steady against eager, parity, what was built."""
+    def line(self, label: str, steady: bool = False) -> str:
+        """One printed line: the first call with its cache lookups, parity, what was built; with steady=True also the
+        steady step against eager in this process (off for the cold and warm starts: their processes ran minutes
+        apart, and the steady comparison is the interleaved process's)."""
         parity = "bit-identical to eager" if self.rel_error == 0 else f"rel. L2 error vs eager {self.rel_error:.2e}"
+        speed = (f"steady {self.steady_median_s * 1e3:.1f} ms vs eager {self.eager_median_s * 1e3:.1f} ms in the same "
+                 f"process ({self.speedup_vs_eager:.2f}x); " if steady else "")
         return (f"{label}: first call {self.first_call_s:.1f} s (compile-cache hits {self.first_call_cache_hits}, "
                 f"misses {self.first_call_cache_misses}), {self.graphs} graph(s), {self.ops_captured} ops traced, "
-                f"{self.extra.get('kernel_files_built', 0)} kernel files built; steady "
-                f"{self.steady_median_s * 1e3:.1f} ms vs eager {self.eager_median_s * 1e3:.1f} ms in the same "
-                f"process ({self.speedup_vs_eager:.2f}x); {parity}; process {self.process_wall_s:.0f} s in all"
+                f"{self.extra.get('kernel_files_built', 0)} kernel files built; {speed}{parity}; process "
+                f"{self.process_wall_s:.0f} s in all"
                 + (f", CUDA peak {self.cuda_peak_bytes / 2**30:.1f} GiB" if self.cuda_peak_bytes else ""))
 
 

@@ -86,9 +86,10 @@ class Gallery:
     @staticmethod
     def _caption(judged: list[dict[str, Any]], digits: list[int | None], single: bool) -> str:
         """One line per row: what the judge read, against what was asked."""
-        if single:
-            return f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]}"
         lim = quality.limits()
+        if single:
+            return (f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]} (a read counts with confidence >= "
+                    f"{lim['confidence_floor']} and distance <= {lim['distance_ceiling']} from real handwritten digits)")
         return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * len(digits))} of {len(digits)} read as their "
                          f"prompt's digit (floor {j['floor']:.0%})" for j in judged) + (
             f"  [a read counts with confidence >= {lim['confidence_floor']} and distance <= "
