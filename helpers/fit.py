@@ -190,6 +190,8 @@ PARTS: dict[str, tuple[str, ...]] = {
     "12_maximum_speed": ("compiled", "eager"),
     "13_beyond_one_gpu": ("compiled",),
     "14_caching_attention_steps": ("compiled", "eager"),
+    # 15 with random weights builds bf16 Flux whole (load()'s NF4 and offload need a checkpoint): the compiled need
+    "15_the_recipe": ("compiled",),
     TRANSFER_NOTEBOOK: TRANSFER_MODELS,
 }
 # What fits instead, named in a refusal: by model, the notebook or setting with the smallest need.

@@ -94,7 +94,7 @@ def test_the_library_s_refusal_is_recorded_with_its_message(sub):
     model = transfer.probe_offload(sub, "model")
     assert model.outcome == "refused here" and "accelerator" in model.message
     group = transfer.probe_offload(sub, "group")
-    assert group.outcome == "works" and "moves nothing" in group.figure and group.measured["drift"] == 0.0
+    assert group.outcome == "not run here" and "moves nothing" in group.figure and group.measured["drift"] == 0.0
 
 
 @pytest.mark.parametrize(("lever", "measured", "outcome"), [
@@ -109,6 +109,7 @@ def test_the_library_s_refusal_is_recorded_with_its_message(sub):
     ("lora hot-swap", {"ranks": [4, 8], "layers": 8, "swap_recompiles": 1, "drift": 0.0}, "recompiles"),
     ("lora hot-swap", {"ranks": [4, 8], "layers": 8, "swap_recompiles": 0, "drift": 0.2}, "fails"),
     ("group offload", {"drift": 0.3, "weights_off_device": "x"}, "fails"),
+    ("group offload", {"drift": 0.0, "weights_off_device": "x", "moved": False}, "not run here"),  # a CPU moves nothing
     ("context parallel", {"cp_plan": 0}, "fails"),
     ("context parallel", {"cp_plan": 4, "drift": 0.5, "degree": 2, "backend": "gloo"}, "fails"),
     ("attention backends", {"ran": {"_native_math": {"fallback": "_native_math: expected a kernel matching 'math', "
