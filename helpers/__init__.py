@@ -28,7 +28,10 @@ class _DropNotice(logging.Filter):
 # - torchao registers two Enum classes with pytree, which torch 2.13 reports as no longer needed.
 # - diffusers' torchao quantizer looks for tensor classes to allow when loading torchao-serialized checkpoints,
 #   which this project never loads, and notes that torchao 0.18 no longer has them.
+# - diffusers warns at every enable_cache(FasterCacheConfig(...)) that FasterCache is experimental: notebooks 14 and
+#   16 say so where they list it, once, instead of the paragraph each call prints.
 for _logger, _text in (("transformers.utils.import_utils", "requires torchvision (not installed)"),
+                       ("diffusers.hooks.faster_cache", "FasterCache is a purely experimental feature"),
                        ("torchao", "Failed to load"),
                        ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
                        ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects")):

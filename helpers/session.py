@@ -68,9 +68,10 @@ class Session:
         """A part that may run out of GPU memory: an 'oom' row with the figure instead of a crash (fit.guard)."""
         return fit.guard(self.writer, scenario, **fields)
 
-    def show_committed(self, name: str, caption: str = "") -> list:
-        """Show the figure of this name that a GPU run committed (gallery.Gallery.show_committed)."""
-        return self.gallery.show_committed(name, caption)
+    def show_committed(self, name: str, caption: str = "") -> None:
+        """Show the figure of this name that a GPU run committed (gallery.Gallery.show_committed; returns nothing,
+        so a cell ending in it echoes no list)."""
+        self.gallery.show_committed(name, caption)
 
     def card_table(self, full: bool = False) -> pd.DataFrame:
         """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
