@@ -360,17 +360,18 @@ def image_grid(rows: Sequence[Images], labels: Sequence[str] | None = None, *, s
     """Rows of images side by side (e.g. reference row, lever row: same seeds and prompts) as one PIL image.
 
     labels, one per row, are written at the left of each row."""
-    from PIL import ImageDraw
+    from PIL import ImageDraw, ImageFont
 
     rows = [list(as_batch(r)) if isinstance(r, torch.Tensor) else list(r) for r in rows]
-    label_w = 0 if not labels else 8 + 7 * max(len(s) for s in labels)
+    font = ImageFont.load_default(size=14)  # Pillow's scalable default: its 10 px bitmap font drops the spaces
+    label_w = 0 if not labels else 12 + int(max(font.getlength(s) for s in labels))
     cols = max(len(r) for r in rows)
     grid = Image.new("RGB", (label_w + cols * (size + pad) + pad, len(rows) * (size + pad) + pad), "white")
     draw = ImageDraw.Draw(grid)
     for i, row in enumerate(rows):
         y = pad + i * (size + pad)
         if labels:
-            draw.text((4, y + size // 2 - 6), labels[i], fill="black")
+            draw.text((4, y + size // 2 - 8), labels[i], fill="black", font=font)
         for j, image in enumerate(row):
             grid.paste(_to_pil(image, size), (label_w + pad + j * (size + pad), y))
     return grid
