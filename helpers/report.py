@@ -59,9 +59,9 @@ def _measured_value(rows: pd.DataFrame, scenario: str, field: str) -> float | No
     last = _latest_ok(rows, scenario)
     if last is None:
         return None
-    value = last[field] if field in last else None
+    value = last.get(field)
     if value is None or pd.isna(value):
-        extra = last["extra"] if "extra" in last else None
+        extra = last.get("extra")
         value = extra.get(field) if isinstance(extra, dict) else None
     return None if value is None or pd.isna(value) else float(value)
 
