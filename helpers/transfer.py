@@ -268,13 +268,19 @@ def verdict_cache(measured: dict[str, Any]) -> tuple[str, str, str]:
     return "works", figure, ""
 
 
+def _unmeasured(measured: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The verdict of a probe that measured nothing: refused here, not run here or fails, with the message."""
+    for key, outcome in (("refused", "refused here"), ("not_run", "not run here"), ("error", "fails")):
+        if measured.get(key):
+            return outcome, "", measured[key]
+    return None
+
+
 def verdict_quantized(measured: dict[str, Any], band: float) -> tuple[str, str, str]:
     """int8 / fp8 with torchao: refused here (the library's reason) or fails on an error; then the compile verdict
     of the quantized denoiser, whose drift from bf16 must stay within band."""
-    if measured.get("refused"):
-        return "refused here", "", measured["refused"]
-    if measured.get("error"):
-        return "fails", "", measured["error"]
+    if early := _unmeasured(measured):
+        return early
     outcome, figure, message = verdict_compile(measured, band)
     if outcome == "works":
         figure = f"{measured['layers']} linear layers quantized, compiles ({measured['graphs']} graph(s), 0 breaks), " \
@@ -285,12 +291,8 @@ def verdict_quantized(measured: dict[str, Any], band: float) -> tuple[str, str, 
 def verdict_nf4(measured: dict[str, Any], band: float) -> tuple[str, str, str]:
     """NF4 through PipelineQuantizationConfig: refused here (diffusers without a GPU) or not run here, fails on an
     error, else works when the NF4 denoiser's drift stays within band."""
-    if measured.get("refused"):
-        return "refused here", "", measured["refused"]
-    if measured.get("not_run"):
-        return "not run here", "", measured["not_run"]
-    if measured.get("error"):
-        return "fails", "", measured["error"]
+    if early := _unmeasured(measured):
+        return early
     drift = measured["drift"]
     figure = f"{measured['layers']} Linear4bit layers, drift {drift:.1e} from the unquantized model"
     return ("works", figure, "") if drift <= band else ("fails", figure, f"drift above {band:g}")
@@ -316,10 +318,8 @@ def verdict_lora(measured: dict[str, Any], tolerance: float) -> tuple[str, str, 
 def verdict_offload(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
     """Model / group offload: refused here (no accelerator) or fails on an error; else works when the output matches
     the resident model's, saying where the weights were between calls."""
-    if measured.get("refused"):
-        return "refused here", "", measured["refused"]
-    if measured.get("error"):
-        return "fails", "", measured["error"]
+    if early := _unmeasured(measured):
+        return early
     where = measured["weights_off_device"]
     figure = f"parity {measured['drift']:.1e}; {where}"
     if not measured["drift"] <= tolerance:
