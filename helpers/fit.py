@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from helpers import readme_region
+
 GIB = 2**30
 
 
@@ -312,14 +314,7 @@ README_REGION = "gpu-fit"
 
 def write_readme(readme: Path) -> bool:
     """Rewrite the README's generated 'Which notebooks run on my GPU' table; True when it changed."""
-    text = readme.read_text()
-    start, end = f"<!-- {README_REGION}:start -->", f"<!-- {README_REGION}:end -->"
-    if start not in text or end not in text:
-        raise ValueError(f"{readme} has no {start} ... {end} region")
-    new = text.split(start)[0] + start + "\n" + readme_table() + "\n" + end + text.split(end)[1]
-    if new != text:
-        readme.write_text(new)
-    return new != text
+    return readme_region.write(readme, readme_table(), readme_region.markers(README_REGION))
 
 
 if __name__ == "__main__":  # python -m helpers.fit: regenerate the README's table

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from helpers import readme_region as regions
+
 TAG = "recipe"
 README_REGION = "recipe"
 NOTEBOOK = "15_the_recipe"
@@ -51,14 +53,20 @@ def tagged_source(notebook: Path, tag: str = TAG) -> str:
     return "\n\n\n".join(found) + "\n"
 
 
+def fenced(source: str) -> str:
+    """source as one fenced python block, as the README quotes it."""
+    return f"```python\n{source.rstrip()}\n```"
+
+
 def readme_region(source: str) -> str:
     """The README's recipe region for source: the markers around one fenced python block."""
-    return (f"<!-- {README_REGION}:start -->\n```python\n{source.rstrip()}\n```\n<!-- {README_REGION}:end -->")
+    start, end = regions.markers(README_REGION)
+    return f"{start}\n{fenced(source)}\n{end}"
 
 
 def readme_block(text: str) -> str | None:
     """The fenced python block between the README's recipe markers; None when the README has no such region."""
-    start, end = f"<!-- {README_REGION}:start -->", f"<!-- {README_REGION}:end -->"
+    start, end = regions.markers(README_REGION)
     if start not in text or end not in text:
         return None
     region = text.split(start, 1)[1].split(end, 1)[0]
@@ -70,14 +78,7 @@ def readme_block(text: str) -> str | None:
 
 def write_readme(readme: Path, notebook: Path) -> bool:
     """Rewrite the README's recipe region from the notebook's tagged cells; True when it changed."""
-    text = Path(readme).read_text()
-    start, end = f"<!-- {README_REGION}:start -->", f"<!-- {README_REGION}:end -->"
-    if start not in text or end not in text:
-        raise ValueError(f"{readme} has no {start} ... {end} region")
-    new = text.split(start)[0] + readme_region(tagged_source(notebook)) + text.split(end, 1)[1]
-    if new != text:
-        Path(readme).write_text(new)
-    return new != text
+    return regions.write(readme, fenced(tagged_source(notebook)), regions.markers(README_REGION))
 
 
 if __name__ == "__main__":  # python -m helpers.recipe_source: copy notebook 15's recipe cells into the README

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from helpers import paths, results
+from helpers import paths, readme_region, results
 
 GIB = 2**30
 
@@ -320,8 +320,7 @@ def published_figure(source: str, scenario: str, base: str | None = None, metric
 
 # --- The reproduction report (notebook 11): tables, figures and the README's generated region ---
 
-README_START = "<!-- results:start -->"
-README_END = "<!-- results:end -->"
+README_START, README_END = readme_region.markers("results")
 
 
 def tolerances(reference_dir: Path = paths.REFERENCE_DIR) -> dict[str, float]:
@@ -574,22 +573,15 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
 
 def replace_readme_region(text: str, region: str, markers: tuple[str, str] = (README_START, README_END)) -> str:
     """text with everything between the markers (the results region by default) replaced by region, markers kept."""
-    start, end = text.find(markers[0]), text.find(markers[1])
-    if start < 0 or end < start:
-        raise ValueError(f"the README has no region between {markers[0]!r} and {markers[1]!r}")
-    return text[: start + len(markers[0])] + "\n" + region.strip() + "\n" + text[end:]
+    return readme_region.replace(text, region, markers)
 
 
 def write_readme_region(readme: Path, region: str, markers: tuple[str, str] = (README_START, README_END)) -> bool:
     """Rewrite one generated region of the README (the results region by default); True when the file changed."""
-    old = Path(readme).read_text()
-    new = replace_readme_region(old, region, markers)
-    if new != old:
-        Path(readme).write_text(new)
-    return new != old
+    return readme_region.write(readme, region, markers)
 
 
-TLDR_MARKERS = ("<!-- tldr:start -->", "<!-- tldr:end -->")
+TLDR_MARKERS = readme_region.markers("tldr")
 # The README's headline: what each line says, and the comparison whose committed GPU figure and published one it gives
 TLDR_LINES: tuple[tuple[str, str], ...] = (
     ("Flux-1-Dev, 1024x1024, 28 steps, eager bf16", "eager-latency-sglang"),

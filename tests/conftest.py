@@ -5,6 +5,9 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
+# make test runs two notebooks at once on 2 cores: inductor's default there is a pool of 2 compile workers per process
+# (and per fresh process notebook 04 and 15 start), which only adds processes fighting for the same two cores
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 # The longest test files first, so the two pytest-xdist workers (make test) do not end on one long notebook run while
 # the other waits; within a file the order is kept. Measured on 2 cores: 04, 12, 14 and 15 take minutes each.

@@ -13,6 +13,11 @@ from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
 
+# make test runs the notebook at a quarter of Flux-1-Dev's depth: the same two block classes and the same three block
+# graphs, a quarter of the full compile's tracing and C++ kernel builds (the default depth, 19 + 38, runs in
+# make reproduce and make test-matrix)
+DEPTH = [5, 10]
+
 
 def held(row) -> bool:
     """Parity as the notebook claims it: within the dtype's tolerance in fp32 (or with eager's roundings emulated);
@@ -24,7 +29,7 @@ def held(row) -> bool:
 
 
 def test_regional_compilation_rows(tmp_path):
-    nb = run_notebook("04_regional_compilation", tmp_path)
+    nb = run_notebook("04_regional_compilation", tmp_path, BLOCKS=DEPTH)
     full, regional = nb.row("full compile (cold cache)"), nb.row("regional compile (cold cache)")
     warm, warm_dir = nb.row("regional compile (warm cache)"), nb.row("regional compile (warm cache dir)")
     for r in (full, regional, warm, warm_dir):
@@ -35,7 +40,7 @@ def test_regional_compilation_rows(tmp_path):
         # eager steady steps timed in the same process, and the speedup derived from them
         assert len(x["eager_samples_s"]) == len(r["latency_samples_s"]) and x["eager_latency_median_s"] > 0
         assert x["speedup_vs_eager"] == pytest.approx(x["eager_latency_median_s"] / r["latency_median_s"])
-        assert x["blocks"] == [19, 38]  # the smoke model at Flux-1-Dev's depth
+        assert x["blocks"] == DEPTH
     assert full["extra"]["how"] == "full"
     assert regional["extra"]["how"] == warm["extra"]["how"] == warm_dir["extra"]["how"] == "regional"
     # relative timings only: regional compiles faster than full, a copied cache directory faster than cold
@@ -53,7 +58,7 @@ def test_regional_compilation_rows(tmp_path):
         assert fp["region_calls"] == fp["guard_calls"] == 1 and fp["eager_ops_outside"] == 0, fp
     for r in (regional, warm, warm_dir, one["regional"]):
         p = r["extra"]["step_profile"]
-        assert p["region_calls"] == p["guard_calls"] == 57 and p["eager_ops_outside"] > 0, (r["scenario"], p)
+        assert p["region_calls"] == p["guard_calls"] == sum(DEPTH) and p["eager_ops_outside"] > 0, (r["scenario"], p)
         assert p["wall_s"] > p["graph_s"] > 0 and p["region_wrapper_s"] > 0 and p["guard_s"] > 0, p
     # eager, full and regional timed in turn in one process: nothing compiled while timing, warm, matching eager
     n = len(one["eager"]["latency_samples_s"])
