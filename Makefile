@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-fast test-matrix train-smoke reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
+.PHONY: venv test test-all test-fast test-matrix train-smoke reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
 
 venv: $(STAMP)
 
@@ -17,10 +17,15 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fast-diffusion)"
 	touch $(STAMP)
 
-## make test: helper unit tests, every notebook on the smoke profile (papermill), hygiene, browser test; TEST_WORKERS
-## pytest processes share the test files (pytest-xdist; a notebook run keeps about one core busy, so 2 on 2 cores)
+## make test: helper unit tests, every notebook once on the smoke profile (papermill), hygiene, browser test;
+## TEST_WORKERS pytest processes share the test files (pytest-xdist; a notebook run keeps about one core busy, so 2 on
+## 2 cores). make test-all adds the tests marked slow: the second runs at MODEL="sdxl", at a planted smaller card,
+## at every lever of 12 and full sizes (CONTRIBUTING.md lists them)
 TEST_WORKERS ?= 2
 test: venv browser-deps
+	$(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
+
+test-all: venv browser-deps
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 ## make test-fast: everything except the notebook and browser runs

@@ -8,6 +8,10 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 # make test runs two notebooks at once on 2 cores: inductor's default there is a pool of 2 compile workers per process
 # (and per fresh process notebook 04 and 15 start), which only adds processes fighting for the same two cores
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# and OpenMP threads that wait for work sleep instead of spinning: with two notebooks' thread pools on two cores, the
+# spinning threads took cores from the other notebook (03 and 06 side by side: 132-143 s with spinning, 111 s without;
+# user CPU 236-256 s against 193 s; 2-core AMD EPYC, 2026-11-28)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The longest test files first, so the two pytest-xdist workers (make test) do not end on one long notebook run while
 # the other waits; within a file the order is kept. Measured on 2 cores: 04, 12, 14 and 15 take minutes each.

@@ -66,6 +66,7 @@ def test_baseline_rows(tmp_path):
     assert "tiny model: no comparison" in lesson
 
 
+@pytest.mark.slow  # make test-all: the Flux run above covers every cell; this one SDXL's UNet
 def test_baseline_sdxl(tmp_path):
     """SDXL's UNet (convolutions): runs to the end, its fraction of the matmul peak checked where the peak binds."""
     nb = run_notebook("00_setup_and_baseline", tmp_path, MODEL="sdxl")

@@ -153,6 +153,7 @@ def test_dtype_rows_flux(tmp_path):
     _check(run_notebook("01_dtype", tmp_path), "flux-dev")
 
 
+@pytest.mark.slow  # make test-all
 def test_dtype_rows_sdxl(tmp_path):
     nb = _check(run_notebook("01_dtype", tmp_path, MODEL="sdxl"), "sdxl")
     # fp16 SDXL upcasts its VAE at every call (force_upcast): diffusers' notices show once, not at each call

@@ -30,7 +30,7 @@ CLAIMS = {"the naive processor took every attention call of a step", "sdpa-math,
 SWITCH = {"flux-dev": "gives sdpa_kernel(MATH)'s output", "sdxl": "changes nothing in SDXL's UNet"}
 
 
-@pytest.mark.parametrize("model", ["flux-dev", "sdxl"])
+@pytest.mark.parametrize("model", ["flux-dev", pytest.param("sdxl", marks=pytest.mark.slow)])
 def test_attention_rows(tmp_path, model):
     nb = run_notebook("02_attention_sdpa", tmp_path, MODEL=model)
     rows = nb.rows

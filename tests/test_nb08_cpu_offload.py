@@ -147,6 +147,7 @@ def test_offload_rows(tmp_path):
     assert expected <= set(claims), expected - set(claims)
 
 
+@pytest.mark.slow  # make test-all: a second run of the notebook
 def test_a_12_gb_card_rehearsed_skips_the_reference_and_model_offload(tmp_path):
     """SKIP_PARTS rehearses the decision helpers.fit makes for a 12-16 GB card (no reference, no model offload) on the
     smoke profile: nothing is compared against the missing reference (each such claim a `not checkable` row with the

@@ -103,6 +103,7 @@ def test_nf4_rows(tmp_path):
         assert "nf4 quality" not in set(rows["scenario"]) and "quality cannot be judged" in nb.text()
 
 
+@pytest.mark.slow  # make test-all: a second run of the notebook
 def test_a_24_gb_card_rehearsed_skips_the_reference(tmp_path):
     """SKIP_PARTS rehearses the decision helpers.fit makes for a 24 GB card (no bf16 reference) on the smoke profile:
     the reference stays in CPU memory, NF4's claims against it are `not checkable` rows with the reason, what holds
