@@ -11,22 +11,24 @@ venv: $(STAMP)
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	$(PY) -m pip install -q --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fast-diffusion)"
+	env -u PYTHONDONTWRITEBYTECODE $(PY) tools/warm_bytecode.py
 	touch $(STAMP)
 
 ## make test: helper unit tests, every notebook once on the smoke profile (papermill), hygiene, browser test;
 ## TEST_WORKERS pytest processes share the test files (pytest-xdist; a notebook run keeps about one core busy, so 2 on
-## 2 cores). make test-all adds the tests marked slow: the second runs at MODEL="sdxl", at a planted smaller card,
-## at every lever of 12 and full sizes (CONTRIBUTING.md lists them)
+## 2 cores; bytecode writing on, so a module a test imports first is compiled once, not in every process).
+## make test-all adds the tests marked slow: second runs of a notebook at MODEL="sdxl", on a planted smaller card, 12
+## with every lever, 10 on inductor (CONTRIBUTING.md lists them)
 TEST_WORKERS ?= 2
 test: venv browser-deps
-	$(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 test-all: venv browser-deps
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 ## make test-fast: everything except the notebook and browser runs
 test-fast: venv

@@ -447,6 +447,12 @@ READING_GUIDE = (
     "full-profile rows, only in the published dtype, and, for a stack of levers, only when the run had every lever "
     "of the published stack; otherwise the measured value is shown with the verdict `not compared` and its reason. "
     "`note` gives the remaining differences of setting.")
+# The README's copy keeps the columns a reader compares; the full report adds notebook, band, note and gap cause.
+BRIEF_COLUMNS: tuple[str, ...] = ("comparison", "source", "published", "measured", "measured / published", "verdict",
+                                  "compared on")
+BRIEF_GUIDE = READING_GUIDE.replace("`note` gives the remaining differences of setting.",
+                                    "The full report adds each row's notebook, band, note on the setting and, for a "
+                                    "verdict outside its band, the cause found.")
 
 
 def factor_matrix(table: pd.DataFrame) -> pd.DataFrame:
@@ -548,16 +554,17 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
     if rows is not None and not rows.empty:
         parts.append(_provenance_paragraph(rows))
     if table["measured / published"].notna().any():
-        parts.append(READING_GUIDE)
+        parts.append(BRIEF_GUIDE)
     for hw, group in table.groupby("hardware", sort=True):
         measured = group[group["measured"] != "—"]
+        measured = measured[[c for c in BRIEF_COLUMNS if c in measured]]
         compared = int(group["measured / published"].notna().sum())
         text = f"### {hw}\n\n"
         if not measured.empty:
             also = (f"; {len(measured) - compared} more measured, not compared (the verdict says why)"
                     if len(measured) > compared else "")
             text += (f"{compared} of {len(group)} comparisons with published figures measured and compared "
-                     f"here{also}:\n\n" + markdown(measured.drop(columns=["hardware"])) + "\n\n")
+                     f"here{also}:\n\n" + markdown(measured) + "\n\n")
         parts.append(text + not_measured_line(group))
     if covered is not None and not covered.empty:
         left = int((covered["compared in"] == "").sum())

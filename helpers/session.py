@@ -73,17 +73,19 @@ class Session:
         so a cell ending in it echoes no list)."""
         self.gallery.show_committed(name, caption)
 
-    def card_table(self, full: bool = False) -> pd.DataFrame:
+    def card_table(self, full: bool = False, steps: int | None = None) -> pd.DataFrame:
         """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
-        full=True every field of the environment card, the timing settings, the results file and the knobs."""
+        full=True every field of the environment card, the timing settings, the results file and the knobs; `steps`
+        where the notebook's images take a step count of their own instead of the profile's."""
         r, c = self.run, self.card
+        steps = r.settings.steps if steps is None else steps
         device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
         if c.memory_cap:
             device += f", {c.memory_cap}"
         pd.set_option("display.max_colwidth", 200)  # the card's reasons are sentences: shown whole, not cut at 50
         rows = [("device", device), ("dtype", r.dtype_reason or r.dtype_name), ("profile", r.profile_reason),
                 ("model", r.model), ("weights", r.weights_reason or r.weights),
-                ("workload", (f"{r.settings.height}x{r.settings.width}, {r.settings.steps} steps, "
+                ("workload", (f"{r.settings.height}x{r.settings.width}, {steps} steps, "
                               + {"flux-dev": f"{r.settings.max_sequence_length} T5 tokens, ", "sdxl": "77 CLIP tokens, "}
                               .get(r.model, f"{r.settings.max_sequence_length} text tokens, ")
                               + f"guidance {r.settings.guidance}")),

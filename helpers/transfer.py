@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from helpers import attention_backends, caching, compile_tools, measure, pipelines, stack
+from helpers import attention_backends, caching, compile_tools, measure, pipelines, results, stack
 
 MODELS: tuple[str, ...] = ("flux-dev", "qwen-image", "flux2-dev")
 MODEL_NAMES: dict[str, str] = {"flux-dev": "Flux-1-Dev", "qwen-image": "Qwen-Image", "flux2-dev": "FLUX.2 [dev]"}
@@ -696,6 +696,36 @@ def cells_frame(cells: list[Cell]) -> pd.DataFrame:
         table.loc[c.lever, MODEL_NAMES[c.model]] = c.text()
     table.index.name = "lever"
     return table
+
+
+def counts_line(cells: list[Cell]) -> str:
+    """Per model, how many of its levers work, work with breaks or recompiles, are refused or not run here, or fail
+    (only the outcomes that occur), e.g. 'Qwen-Image: 11 of 16 work, 4 refused or not run here, 1 fails'."""
+    parts = []
+    for model in [m for m in MODELS if any(c.model == m for c in cells)]:
+        outcomes = [c.outcome for c in cells if c.model == model]
+        n = {what: sum(o in kinds for o in outcomes) for what, kinds in (
+            ("work with breaks or recompiles", ("breaks", "recompiles")),
+            ("refused or not run here", ("refused here", "not run here")), ("fail", ("fails",)))}
+        said = [f"{outcomes.count('works')} of {len(outcomes)} work"]
+        said += [f"{count} {'fails' if (what, count) == ('fail', 1) else what}" for what, count in n.items() if count]
+        parts.append(f"{MODEL_NAMES[model]}: " + ", ".join(said))
+    return "; ".join(parts)
+
+
+def committed_counts(results_dir: Path, notebook: str = "16_does_it_transfer") -> str:
+    """The TL;DR line: counts_line of each committed run of the notebook (per hardware and profile, with its git
+    revision), or that none is committed."""
+    rows = results.read_rows(results_dir, notebook=notebook)
+    if rows.empty:
+        return "no run of this notebook is committed yet"
+    lines = []
+    for (hardware, profile), runs in rows.groupby(["hardware", "profile"]):
+        cells = [cell_from_row(r) for r in runs.to_dict("records") if "outcome" in (r.get("extra") or {})]
+        if cells:
+            lines.append(f"committed run ({hardware}, {profile} profile, revision {runs['git_rev'].iloc[-1][:7]}): "
+                         + counts_line(cells))
+    return "\n".join(lines) or "no run of this notebook is committed yet"
 
 
 def markdown(cells: list[Cell], header: str) -> str:

@@ -100,3 +100,10 @@ def test_confident_texture_is_caught_by_the_distance(pipe):
     confident = [r for r in reads if r.confidence >= lim["confidence_floor"]]
     assert confident, "no texture reached the confidence floor: this test would prove nothing"
     assert not any(r.is_digit for r in reads) and all(r.distance > lim["distance_ceiling"] for r in confident)
+
+
+def test_the_card_names_the_step_count_the_images_take(tmp_path):
+    """14's images take CACHE_STEPS (8 on smoke), not the profile's 2: the card's workload line says the notebook's."""
+    s = _session(tmp_path)
+    assert s.card_table().loc["workload", "value"].startswith(f"{SMOKE.height}x{SMOKE.width}, {SMOKE.steps} steps,")
+    assert s.card_table(steps=8).loc["workload", "value"].startswith(f"{SMOKE.height}x{SMOKE.width}, 8 steps,")

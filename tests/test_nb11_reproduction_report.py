@@ -81,6 +81,10 @@ def test_report_on_cpu_rows_only(tmp_path):
         "every measured comparison carries a verdict", "every published figure is compared or explained",
         "every skipped measurement has a reason"} <= set(claims)
     assert "no comparison has a measurement yet" in nb.text() and "no factor to plot" in nb.text()
+    # the TL;DR: the project's committed rows counted per machine in the setup cell, whatever RESULTS_DIR reads
+    committed = report.compare(results.read_rows(paths.RESULTS_DIR))
+    for hw, group in committed.groupby("hardware"):
+        assert f"TL;DR, {hw}: {report.verdict_line(group)}" in nb.text(), hw
 
 
 def test_report_on_gpu_fixture(tmp_path):
@@ -141,10 +145,18 @@ def test_brief_summary_lists_measured_comparisons_and_counts_the_rest():
     assert "| d | 5.10 s | — | not compared" in text  # measured on another GPU class: shown, not divided
     assert "1 of 4 comparisons with published figures measured and compared here; 1 more measured, not compared" in text
     assert "1 of 1 comparisons have no measurement here: 1 not measured: smoke profile only" in text
-    assert report.READING_GUIDE in text
+    assert report.BRIEF_GUIDE in text and report.READING_GUIDE not in text
     only_cpu = report.summary_markdown(table[table["hardware"] == "cpu"], pd.DataFrame(), generated_by="t",
                                        brief=True)
-    assert report.READING_GUIDE not in only_cpu and "| comparison |" not in only_cpu
+    assert report.BRIEF_GUIDE not in only_cpu and "| comparison |" not in only_cpu
+    # the README's table keeps seven columns; notebook, band, note and the gap's cause stay in the full report
+    wide = table.assign(notebook="00", source="s", published="1.50x", band="±15%", note="n", **{"compared on": "GPU",
+                                                                                                "why the gap": "g"})
+    header = next(ln for ln in report.summary_markdown(wide, pd.DataFrame(), generated_by="t", brief=True,
+                                                       full_report="r.md").splitlines() if ln.startswith("| comp"))
+    assert header == "| " + " | ".join(report.BRIEF_COLUMNS) + " |", header
+    assert "| a | s | 1.50x | 1.53x | 1.02 | within ±15% | GPU |" in report.summary_markdown(
+        wide, pd.DataFrame(), generated_by="t", brief=True, full_report="r.md")
 
 
 def test_reasons_fold_by_kind_and_nothing_is_hidden():

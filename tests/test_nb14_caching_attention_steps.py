@@ -15,6 +15,7 @@ def test_caching_attention_steps(tmp_path):
     nb = run_notebook(NB, tmp_path, THRESHOLDS=[0.0, 0.5], REPEATS=1)  # make test: two thresholds, one timed call
     rows = nb.rows
     assert set(rows["profile"]) == {"smoke"} and set(rows["model"]) == {"flux-dev"}
+    assert "128x128, 8 steps," in nb.text(), "the card's workload is the cached images' CACHE_STEPS, not the profile's 2"
     tolerance = compile_tools.PARITY_TOLERANCE[rows["dtype"].iloc[0]]
 
     # 2. every cache ran; counts are counted per block and step, nothing skipped at threshold 0, something at the top

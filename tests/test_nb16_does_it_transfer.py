@@ -4,7 +4,7 @@ and torchao 0.18 answer on a CPU."""
 
 import pytest
 
-from helpers import compile_tools, params, transfer
+from helpers import compile_tools, params, paths, transfer
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -56,6 +56,9 @@ def test_does_it_transfer(tmp_path):
     shown = nb.row("shown: Qwen-Image, First Block Cache on")
     assert not shown["extra"]["judged"] and "noise by design" in shown["extra"]["reason_not_judged"]
     assert "not measured" in nb.text() or "tiny model" in nb.text()
+    # the TL;DR counts: the committed table's (read from the project's rows) and this run's, from the same cells
+    assert f"TL;DR, {transfer.committed_counts(paths.RESULTS_DIR)}" in nb.text()
+    assert f"this run: {transfer.counts_line(list(cells.values()))}" in nb.text()
 
 
 @pytest.mark.parametrize("knob, value, message", [

@@ -4,6 +4,8 @@ measurements (a silent attention fallback, drift past a band, a swap that recomp
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -154,6 +156,24 @@ def test_the_table_and_its_rows_agree(tmp_path):
     assert back.text() == cells[2].text()
     with pytest.raises(ValueError, match="outcome="):
         transfer.Cell("flux-dev", "compile", "mostly works")
+    # the TL;DR count: a planted failure or break is counted as such, never as working
+    assert transfer.counts_line(cells) == ("Flux-1-Dev: 1 of 1 work; Qwen-Image: 0 of 2 work, 1 work with breaks or "
+                                           "recompiles, 1 refused or not run here")
+    planted = [*cells, transfer.Cell("flux-dev", "int8", "fails", "", "RuntimeError: x")]
+    assert transfer.counts_line(planted).startswith("Flux-1-Dev: 1 of 2 work, 1 fails;")
+
+
+def test_the_committed_counts_read_the_rows_each_machine_wrote(tmp_path):
+    assert transfer.committed_counts(tmp_path) == "no run of this notebook is committed yet"
+    (tmp_path / "cpu").mkdir()
+    cell = transfer.Cell("qwen-image", "compile", "works", "1 graph(s)", measured={"graphs": 1})
+    fields = transfer.row_fields(cell)  # as the writer stores them: status and reason, the rest under extra
+    row = {"hardware": "cpu", "notebook": "16_does_it_transfer", "model": "all", "profile": "smoke", "run_id": "r1",
+           "git_rev": "abcdef123456", "scenario": "compile | qwen-image", "status": fields.pop("status"),
+           "reason": fields.pop("reason"), "extra": fields}
+    (tmp_path / "cpu" / "16_does_it_transfer.jsonl").write_text(json.dumps(row) + "\n")
+    assert transfer.committed_counts(tmp_path) == ("committed run (cpu, smoke profile, revision abcdef1): "
+                                                   "Qwen-Image: 1 of 1 work")
 
 
 def test_knobs_are_refused_naming_what_is_allowed():
