@@ -8,8 +8,14 @@ from tests.nbrun import run_notebook, run_setup
 pytestmark = pytest.mark.notebook
 
 
-def test_dynamic_shapes_rows(tmp_path):
-    nb = run_notebook("05_dynamic_shapes", tmp_path)
+# make test compiles with aot_eager: graphs, guards and recompiles are dynamo's, the same on any backend; make test-all
+# also runs inductor, the default, whose static and dynamic kernels the notebook times
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_dynamic_shapes_rows(tmp_path, backend):
+    nb = run_notebook("05_dynamic_shapes", tmp_path, COMPILE_BACKEND=backend)
+    for scenario in ("static kernels step", "dynamic kernels step", "mark_dynamic kernels step",
+                     "regional dynamic kernels step"):
+        assert nb.row(scenario)["extra"]["backend"] == backend, scenario
     resolutions = [128, 96, 64]
     static = {r: nb.row(f"default compile @ {r}") for r in resolutions}
     assert static[128]["extra"]["graphs"] == 1
@@ -71,6 +77,7 @@ ALLOWED = r"is not allowed; use None, or a list of at least three different squa
     ("RESOLUTIONS", [128, 100, 64], r"RESOLUTIONS=\[128, 100, 64\] " + ALLOWED),
     ("RESOLUTIONS", [128, 96], r"RESOLUTIONS=\[128, 96\] " + ALLOWED),
     ("PROMPT", "  ", r"PROMPT='  ' is not allowed; use a non-empty string"),
+    ("COMPILE_BACKEND", "cudagraphs", r"COMPILE_BACKEND='cudagraphs' is not allowed; choose one of: 'inductor'"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=allowed):

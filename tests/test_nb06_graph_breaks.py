@@ -8,8 +8,13 @@ from tests.nbrun import run_notebook, run_setup
 pytestmark = pytest.mark.notebook
 
 
-def test_graph_break_rows(tmp_path):
-    nb = run_notebook("06_graph_breaks", tmp_path)
+# make test compiles with aot_eager: the breaks, their reasons and their fixes are dynamo's, the same on any backend;
+# make test-all also runs inductor, the default
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_graph_break_rows(tmp_path, backend):
+    nb = run_notebook("06_graph_breaks", tmp_path, COMPILE_BACKEND=backend)
+    for scenario in ("denoiser compiled, planted breaks (fullgraph=False)", "denoiser compiled, fixed (fullgraph=True)"):
+        assert nb.row(scenario)["extra"]["backend"] == backend, scenario
     planted, fixed = nb.row("find breaks: planted"), nb.row("find breaks: fixed")
     found = planted["extra"]
     assert planted["graph_breaks"] > 0 and found["explain_graphs"] > 1
@@ -92,6 +97,7 @@ def test_graph_break_rows(tmp_path):
     ("LOG_LINES", 0, r"LOG_LINES=0 must be a positive integer"),
     ("MODEL", "sdxl", r"MODEL='sdxl' is not allowed; choose one of: 'flux-dev'"),
     ("PROMPT", "", r"PROMPT='' is not allowed; use a non-empty string"),
+    ("COMPILE_BACKEND", "cudagraphs", r"COMPILE_BACKEND='cudagraphs' is not allowed; choose one of: 'inductor'"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=allowed):
