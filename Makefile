@@ -22,7 +22,7 @@ $(STAMP): requirements.txt pyproject.toml
 ## TEST_WORKERS pytest processes share the test files (pytest-xdist; a notebook run keeps about one core busy, so 2 on
 ## 2 cores; bytecode writing on, so a module a test imports first is compiled once, not in every process).
 ## make test-all adds the tests marked slow: second runs of a notebook at MODEL="sdxl", on a planted smaller card, 12
-## with every lever, 10 on inductor (CONTRIBUTING.md lists them)
+## with every lever, 05, 06 and 10 on inductor (CONTRIBUTING.md lists them)
 TEST_WORKERS ?= 2
 test: venv browser-deps
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest tests -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=15

@@ -15,15 +15,20 @@ NB = "12_maximum_speed"
 
 
 # make test runs the ladder on the levers that carry its checks: the compile, int8 and the package built from them,
-# and the two a CPU refuses (their reasons); make test-all runs every lever (stack.LEVERS), as make reproduce does
+# and the two a CPU refuses (their reasons), without Going deeper's two cold compiles of the blocks; make test-all
+# runs every lever (stack.LEVERS) and those compiles, as make reproduce does
 QUICK = ["cudnn-attention", "compile", "int8", "fp8", "aoti"]
+REGIONAL_CLAIMS = {"accelerate compile_regions: a cold compile, then no recompile",
+                   "diffusers compile_repeated_blocks: output of eager (rel. L2)"}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(QUICK, id="quick"),
                                         pytest.param(list(stack.LEVERS), id="all", marks=pytest.mark.slow)])
 def nb(request, tmp_path_factory):
-    run = run_notebook(NB, tmp_path_factory.mktemp("nb12"), REPEATS=1, LEVERS=request.param)  # one timed call
-    run.levers = request.param
+    full = request.param == list(stack.LEVERS)
+    run = run_notebook(NB, tmp_path_factory.mktemp("nb12"), REPEATS=1, LEVERS=request.param,  # one timed call
+                       COMPARE_REGIONAL=full)
+    run.levers, run.regional = request.param, full
     return run
 
 
@@ -71,10 +76,9 @@ def test_checks_hold_and_name_every_claim(nb):
             "the package replays in a CUDA graph, or the device has none",
             "the packaged stack compiles only the VAE at its first image (graphs)",
             "the packaged stack stays within its band, without recompiles",
-            "accelerate compile_regions: a cold compile, then no recompile",
-            "diffusers compile_repeated_blocks: output of eager (rel. L2)",
             "the fastest stage stays within the measured matmul peak (+ noise margin)",
             "after the whole stack and the ladder, the process-wide attention backend is the default"} <= set(claims)
+    assert (REGIONAL_CLAIMS <= set(claims)) if nb.regional else not (REGIONAL_CLAIMS & set(claims))
 
 
 def test_the_whole_stack_cell_and_the_published_lines(nb):
@@ -118,7 +122,11 @@ def test_aoti_package_loads_and_reproduces_the_compiled_output(nb):
 
 
 def test_compile_regions_and_compile_repeated_blocks(nb):
-    for name in ("accelerate compile_regions", "diffusers compile_repeated_blocks"):
+    if not nb.regional:  # COMPARE_REGIONAL=False: one skipped row says so, nothing compiled
+        skipped = nb.row("regional: two ways")
+        assert skipped["status"] == "skipped" and skipped["reason"] == "COMPARE_REGIONAL=False"
+        assert not nb.rows["scenario"].str.startswith("regional: accelerate").any()
+    for name in ("accelerate compile_regions", "diffusers compile_repeated_blocks") if nb.regional else ():
         row = nb.row(f"regional: {name}")
         assert row["latency_median_s"] > 0 and row["extra"]["graphs_first_call"] >= 1
         assert row["extra"]["rel_error"] <= compile_tools.PARITY_TOLERANCE[row["dtype"]]
@@ -132,6 +140,7 @@ def test_compile_regions_and_compile_repeated_blocks(nb):
     ("VAE_MODE", "reduce-overhead", r"VAE_MODE='reduce-overhead' is not allowed; choose one of: 'default', 'max-autotune'"),
     ("LEVERS", ["turbo"], r"LEVERS contains \['turbo'\]; each entry must be one of: 'cudnn-attention'"),
     ("PROMPT", "  ", r"PROMPT='  ' is not allowed; use a non-empty string"),
+    ("COMPARE_REGIONAL", "no", r"COMPARE_REGIONAL='no' is not allowed; choose one of: True, False"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=allowed):
