@@ -115,11 +115,10 @@ def test_notebook00_runs_clean_in_jupyterlab(browser, lab, tmp_path):
 
 
 def planted_copy_of_00(path: Path) -> Path:
-    """A temporary copy of notebook 00 with one cell planted right after its parameters cell that raises (before the
-    setup cell's imports, which the main test already times: the kernel stops at once)."""
+    """A temporary copy of notebook 00 with one cell planted right after its setup cell that raises."""
     nb = nbformat.read(NOTEBOOK_00, as_version=4)
-    first = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(first + 1, nbformat.v4.new_code_cell('raise RuntimeError("planted")'))
+    setup = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "session.start(" in c.source)
+    nb.cells.insert(setup + 1, nbformat.v4.new_code_cell('raise RuntimeError("planted")'))
     nbformat.write(nb, path)
     return path
 
@@ -134,7 +133,7 @@ def test_checker_reports_a_planted_error(browser, lab, tmp_path):
     assert any("did not run" in f for f in found), f"the cells after the error should stay unrun: {found}"
     assert any("no HTML table" in f for f in found) and any("no plot" in f for f in found), found
     code = run.code_cells()
-    assert code[0].prompt == "[1]:" and code[1].prompt == "[2]:", "the parameters cell and the plant ran"
+    assert code[0].prompt == "[1]:" and code[1].prompt == "[2]:", "the cells before the plant ran"
     assert not run.progress_bar()[0], "Run All should have stopped at the plant, before the pipeline ran"
 
 

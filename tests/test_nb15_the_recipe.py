@@ -1,6 +1,6 @@
 """Notebook 15 on the smoke profile: the recipe applied (lossless within the dtype's tolerance of eager, compiled once),
 every lossy choice judged against the lossless images, the cold and the warm process (artifacts loaded, compile-cache
-hits, a warm first image a fraction of the cold one), the Checks cell; the README's copy of the recipe cells; the
+hits, fewer misses than the cold one), the Checks cell; the README's copy of the recipe cells; the
 recipe's refusal of an unknown lossy name; its memory plan on a planted 24 GiB GPU; bad knobs refused in the setup
 cell. Timings are compared only with each other (the machine is shared)."""
 
@@ -45,14 +45,16 @@ def test_the_recipe_rows(tmp_path):
     assert cold["first_call_cache_hits"] == 0 < cold["first_call_cache_misses"], cold
     assert cold["artifacts_saved_bytes"] > 0 and not cold["artifacts_loaded"]
     assert warm["artifacts_loaded"] and warm["artifacts_load_s"] > 0 and warm["first_call_cache_hits"] > 0, warm
-    assert nb.row("warm start")["compile_s"] < nb.row("cold start")["compile_s"]  # relative: a fraction of the cold
+    # the warm start's evidence on any hardware: fewer cache misses (its first image's time is noise on a CPU, where
+    # the artifacts carry no C++ kernels and both processes build them: the notebook claims the time on CUDA only)
+    assert warm["first_call_cache_misses"] < cold["first_call_cache_misses"], (warm, cold)
     for name in ("cold start", "warm start"):
         r = nb.row(name)
         assert r["recompiles"] == 0 and 0 <= r["extra"]["rel_error"] <= tol, r["extra"]
         assert r["extra"]["start_to_first_image_s"] > r["compile_s"] > 0
     ratio = nb.row("warm vs cold")["extra"]
     assert ratio["warm_over_cold_first_image"] == pytest.approx(
-        nb.row("warm start")["compile_s"] / nb.row("cold start")["compile_s"]) and ratio["warm_over_cold_first_image"] < 1
+        nb.row("warm start")["compile_s"] / nb.row("cold start")["compile_s"])
 
     # every lossy choice: fp8 skipped on a CPU with torchao's reason; the others judged on the ten digits
     fp8 = nb.row("lossy fp8")
@@ -78,7 +80,7 @@ def test_the_recipe_rows(tmp_path):
                 "the recipe compiles at its first image, then never again (graphs while timing)",
                 "cold process: (compile-cache hits, misses) at its first image",
                 "warm process: (artifacts loaded, compile-cache hits)",
-                "the warm first image takes a fraction of the cold one (warm / cold)",
+                "the warm process misses the compile cache less than the cold one (misses: warm, cold)",
                 "both processes draw the eager image (rel. L2)", "no process compiles after its first image (graphs)",
                 "the step cache skips blocks at threshold 0.6 (counted)",
                 "on every card the plan's peak is helpers.fit's, and fits",
