@@ -13,7 +13,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --no-compile --upgrade pip
 	$(PY) -m pip install -q --no-compile -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-compile --no-deps --no-build-isolation -e .  # torch brings setuptools: no build venv
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (fast-diffusion)"
 	env -u PYTHONDONTWRITEBYTECODE $(PY) tools/warm_bytecode.py
 	touch $(STAMP)
