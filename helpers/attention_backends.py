@@ -226,6 +226,27 @@ def sweep(step: Callable[[], Any], model: torch.nn.Module, backends: Sequence[st
                     "fallback": fallback_problem(backend, kernels, dispatched["calls"]),
                     "outside_contract": contract_breaches(backend, device, dtype, head_dim)}
             writer.record(f"attention {backend}", timing=timing, backend=backend, **line)
-            found[backend] = {"status": "ok", "step (ms)": timing.median_s * 1e3, **line}
+            found[backend] = {"status": "ok", "step (ms)": timing.median_s * 1e3, "spread (ms)": timing.spread_s * 1e3,
+                              **line}
         model.reset_attention_backend()
     return found
+
+
+def pick_backend(ran: pd.DataFrame) -> tuple[str, str]:
+    """The fastest backend that ran (rows: sweep's 'ok' entries) and '' to adopt it, or why not: it runs native's
+    kernels, or its median is not beyond the larger max-min spread of it and native (noise, not a faster kernel)."""
+    if not len(ran):
+        return "native", "no backend ran"
+    fastest = str(ran["step (ms)"].idxmin())
+    if fastest == "native" or "native" not in ran.index:
+        return fastest, "" if fastest != "native" else "native SDPA is the fastest measured: nothing to switch"
+    f, n = ran.loc[fastest], ran.loc["native"]
+    if set(f["kernels"]) == set(n["kernels"]):
+        return fastest, f"the fastest backend measured, {fastest}, runs the kernel native SDPA already runs here " \
+                        f"({', '.join(f['kernels'])})"
+    gap, spread = n["step (ms)"] - f["step (ms)"], max(f["spread (ms)"], n["spread (ms)"])
+    if gap <= spread:
+        return fastest, (f"the fastest backend measured, {fastest} ({f['step (ms)']:.1f} ms a step), is not told apart "
+                         f"from native ({n['step (ms)']:.1f} ms): the gap of {gap:.1f} ms is within the larger max-min "
+                         f"spread ({spread:.1f} ms)")
+    return fastest, ""

@@ -38,12 +38,19 @@ def _display(obj: Any) -> None:
     display(obj)
 
 
+# The trained smoke VAE's decoder tints the outermost row and column of every image it draws (eager ones too):
+# measured on an eager "zero", the edge rows and columns carry a colour cast that the rows next to them do not.
+EDGE_NOTE = ("(the thin coloured line along an image's edge comes from the tiny smoke model's VAE decoder: eager images "
+             "have it too, so it is no lever's doing)")
+
+
 class Gallery:
     """The images one notebook run shows, each judged where the weights and prompt allow, recorded as rows."""
 
     def __init__(self, writer: ResultWriter) -> None:
         """Show images for the run of writer; rows go through it."""
         self.writer = writer
+        self._edge_noted = False
 
     def why_not_judged(self, prompts: Sequence[str]) -> str:
         """'' when images of these prompts can be judged on this run, else why not (random weights, no digit)."""
@@ -78,6 +85,9 @@ class Gallery:
                 judged.append({"label": label, "share": share, "floor": floor, "holds": share >= floor,
                                "reads": [str(r) for r in reads]})
             print(self._caption(judged, digits, single))
+            if not self._edge_noted:  # once a run, at its first judged image
+                print(EDGE_NOTE)
+                self._edge_noted = True
         else:
             print(why)
         self.writer.record(SHOWN + title, judged=not why, reason_not_judged=why, prompts=prompts, grid=judged)

@@ -220,7 +220,7 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
         base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
         pval = base / pval if c.kind == "speedup" else pval / base
     what = {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(c.kind, c.published_metric.replace("_", " "))
-    mine = _fmt(measured, c.kind, c.measured_field)
+    mine = "not measured" if measured is None else _fmt(measured, c.kind, c.measured_field)
     if profile != "full":
         status = "tiny model: no comparison"
     elif model is not None and model != c.model:
@@ -396,8 +396,10 @@ def skipped_grouped(skipped_rows: pd.DataFrame) -> pd.DataFrame:
 SKIP_KINDS: tuple[tuple[str, str], ...] = (
     (r"missing package|Hugging Face Hub at run time", "attention backend: package or Hub download absent"),
     (r"2 or more (GPUs|CUDA)|one GPU each", "needs two or more GPUs (the lent GPU machines have one each)"),
-    (r"CUDA|NVIDIA GPU|accelerator|kernel for cpu|device is cpu",
+    (r"CUDA|NVIDIA GPU|No GPU found|accelerator|kernel for cpu|device is cpu",
      "needs a CUDA GPU (a kernel, a mode or GPU memory this machine lacks)"),
+    (r"^fp32: eager rounds to no narrower dtype",
+     "fp32: precision-cast emulation has no narrower dtype to emulate, so the run would repeat another"),
 )
 UNCOVERED_KINDS: tuple[tuple[str, str], ...] = (
     (r"\d+ (GPUs|H100s)|multi-GPU", "needs several GPUs (the lent GPU machines have one each)"),

@@ -83,7 +83,9 @@ class Session:
         if c.memory_cap:
             device += f", {c.memory_cap}"
         pd.set_option("display.max_colwidth", 200)  # the card's reasons are sentences: shown whole, not cut at 50
-        rows = [("device", device), ("dtype", r.dtype_reason or r.dtype_name), ("profile", r.profile_reason),
+        dtype = r.dtype_reason or r.dtype_name
+        dtype = dtype if full else dtype.split("; ")[0]  # at a glance: the choice and its reason, not the forensics
+        rows = [("device", device), ("dtype", dtype), ("profile", r.profile_reason),
                 ("model", r.model), ("weights", r.weights_reason or r.weights),
                 ("workload", (f"{r.settings.height}x{r.settings.width}, {steps} steps, "
                               + {"flux-dev": f"{r.settings.max_sequence_length} T5 tokens, ", "sdxl": "77 CLIP tokens, "}

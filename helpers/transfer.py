@@ -754,14 +754,15 @@ def cell_from_row(row: dict[str, Any]) -> Cell:
 
 def row_fields(cell: Cell) -> dict[str, Any]:
     """What the notebook records for a cell: status 'skipped' (with the reason) where it was refused or not run here,
-    else 'ok' with the outcome (a lever that fails on a model is a measured outcome, not a failed notebook)."""
+    else 'ok' with the outcome (a lever that fails on a model is a measured outcome, not a failed notebook: its row
+    keeps the library's message as its reason)."""
     skipped = cell.outcome in ("refused here", "not run here")
     m = cell.measured
     lifted = {k: m[k] for k in ("compile_s", "graph_breaks", "speedup", "eager_step_s", "compiled_step_s", "drift")
               if isinstance(m.get(k), (int, float))}
     if isinstance(m.get("recompiles", m.get("swap_recompiles")), int):
         lifted["recompiles"] = m.get("recompiles", m.get("swap_recompiles"))
-    return {"status": "skipped" if skipped else "ok", "reason": (cell.message or cell.figure) if skipped else "",
+    return {"status": "skipped" if skipped else "ok", "reason": (cell.message or cell.figure) if skipped or cell.outcome == "fails" else "",
             "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "figure": cell.figure,
             "message": cell.message, "text": cell.text(), "measured": json.loads(json.dumps(m, default=str)),
             **lifted}
@@ -936,7 +937,7 @@ def published_lines(cells: list[Cell], hardware: str, profile: str) -> str:
 
     speed, qwen_step, flux2_step = (measured("qwen-image", "speedup"), measured("qwen-image", "eager_step_s"),
                                     measured("flux2-dev", "eager_step_s"))
-    fmt = lambda v: "—" if v is None else f"{v:.3f} s per step"
+    fmt = lambda v: "not timed (the full profile times it)" if v is None else f"{v:.3f} s per step"
     return "\n".join([
         report.published_line("transfer-qwen-compile-speedup-docs", speed, hardware, profile, model="qwen-image"),
         report.published_beside("Qwen-Image without levers", f"one eager step {fmt(qwen_step)}", hardware, profile,

@@ -2,6 +2,7 @@
 
 import importlib.util
 
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -103,3 +104,22 @@ def test_a_package_backend_that_runs_torch_sdpa_is_a_fallback():
     assert "instead of the backend's kernel" in attention_backends.fallback_problem("sage", seen, 6)
     assert attention_backends.fallback_problem("sage", {}, 6) == ""
     assert "expected a kernel" in attention_backends.fallback_problem("flex", seen, 6)
+
+
+def test_the_fastest_backend_is_adopted_only_beyond_the_noise():
+    """14's waterfall adopts the fastest backend only when its median beats native's by more than the larger max-min
+    spread and it runs another kernel (planted: _native_math 12.6 ms against native 13.5 ms with 2 ms of spread, as
+    a smoke run read it, is noise)."""
+    def table(math_ms, spread_ms, math_kernels=("aten::_scaled_dot_product_attention_math",)):
+        return pd.DataFrame({"step (ms)": {"native": 13.5, "_native_math": math_ms},
+                             "spread (ms)": {"native": spread_ms, "_native_math": spread_ms},
+                             "kernels": {"native": ["aten::_scaled_dot_product_flash_attention_for_cpu"],
+                                         "_native_math": list(math_kernels)}})
+    fastest, why_not = attention_backends.pick_backend(table(12.6, 2.0))
+    assert fastest == "_native_math" and "not told apart" in why_not and "within the larger" in why_not
+    assert attention_backends.pick_backend(table(10.0, 0.5)) == ("_native_math", "")
+    same = table(10.0, 0.5, ["aten::_scaled_dot_product_flash_attention_for_cpu"])
+    assert "runs the kernel native SDPA already runs" in attention_backends.pick_backend(same)[1]
+    assert attention_backends.pick_backend(table(14.0, 0.1)) == ("native", "native SDPA is the fastest measured: "
+                                                                           "nothing to switch")
+    assert attention_backends.pick_backend(table(14.0, 0.1).iloc[0:0]) == ("native", "no backend ran")

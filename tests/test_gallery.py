@@ -1,6 +1,8 @@
 """helpers.gallery: every shown image is judged on the trained smoke model, and the Checks cell fails when one is not
 its prompt's digit (planted: 08's old pipeline call without max_sequence_length draws a texture, not a digit)."""
 
+import dataclasses
+
 import pytest
 import torch
 from diffusers import FluxPipeline
@@ -40,7 +42,10 @@ def test_shown_digit_is_judged_and_claimed(tmp_path, pipe, capsys):
     s = _session(tmp_path)
     got = s.gallery.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "the image")
     assert got["judged"] and got["rows"][0]["holds"]
-    assert "asked for a 7; the judge reads a 7" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "asked for a 7; the judge reads a 7" in out and out.count(gallery.EDGE_NOTE) == 1
+    s.gallery.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "again")
+    assert gallery.EDGE_NOTE not in capsys.readouterr().out, "the edge note is said once a run, not under every image"
     claims = checks.Checks()
     claims.add("something", 1, 1, True)
     table = claims.evaluate(s.writer)
@@ -107,3 +112,12 @@ def test_the_card_names_the_step_count_the_images_take(tmp_path):
     s = _session(tmp_path)
     assert s.card_table().loc["workload", "value"].startswith(f"{SMOKE.height}x{SMOKE.width}, {SMOKE.steps} steps,")
     assert s.card_table(steps=8).loc["workload", "value"].startswith(f"{SMOKE.height}x{SMOKE.width}, 8 steps,")
+
+
+def test_the_cards_dtype_line_fits_the_table_whole(tmp_path):
+    """At a glance the dtype line is the choice and its first reason, short enough that pandas does not cut it at
+    max_colwidth (a planted 300-character reason was cut to '...' before); full=True keeps the whole reason."""
+    s = _session(tmp_path)
+    s.run = dataclasses.replace(s.run, dtype_reason="auto: fp32, because " + "x" * 150 + "; then " + "y" * 150)
+    glance, full = s.card_table().loc["dtype", "value"], s.card_table(full=True).loc["dtype", "value"]
+    assert len(glance) <= 200 and glance.endswith("x") and full == s.run.dtype_reason

@@ -168,6 +168,10 @@ def test_reasons_fold_by_kind_and_nothing_is_hidden():
         "needs two or more GPUs")
     assert report.reason_kind("model offload moves weights ...; this machine has no CUDA GPU", kinds).startswith(
         "needs a CUDA GPU")
+    assert report.reason_kind("RuntimeError: No GPU found. A GPU is needed for quantization.", kinds).startswith(
+        "needs a CUDA GPU")  # bitsandbytes' words (16's NF4 cells), once a bare "RuntimeError" kind
+    assert report.reason_kind("fp32: eager rounds to no narrower dtype, so the emulation changes no kernel", kinds) \
+        .startswith("fp32: precision-cast emulation has no narrower dtype")
     # a reason no pattern knows is its own kind: its first clause, not a catch-all that hides it
     assert report.reason_kind("the offloaded pipeline did not run: TypeError: new() ...", kinds) == \
         "the offloaded pipeline did not run"

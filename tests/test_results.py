@@ -299,6 +299,8 @@ def test_published_line_sets_this_run_beside_the_published_figure(tmp_path):
     assert line == ("latency: this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: 6.70 s "
                     "for flux-dev on H100 (hands-on-guide)")
     assert "published: 1.49x" in report.published_line("compile-speedup", 1.2, "cpu", "smoke")  # 6.7 / 4.5
+    assert "this run (cpu, smoke profile) not measured (" in report.published_line("compile-speedup", None, "cpu",
+                                                                                   "smoke")  # not a bare dash
     assert "no comparison: published on H100" in report.published_line("eager-latency", 9.0, "h200", "full")
     assert "compared in the table below" in report.published_line("eager-latency", 7.0, "h100-80gb-hbm3", "full")
     with pytest.raises(KeyError, match="no-such-id"):

@@ -152,6 +152,9 @@ def test_the_table_and_its_rows_agree(tmp_path):
     assert lines[0] == "# header" and lines[2].startswith("| lever | Flux-1-Dev | Qwen-Image |") and len(lines) == 6
     fields = transfer.row_fields(cells[2])
     assert fields["status"] == "skipped" and fields["reason"].startswith("AssertionError")
+    fails = transfer.row_fields(transfer.Cell("flux2-dev", "first-block cache", "fails", "", "ValueError: no context"))
+    assert fails["status"] == "ok" and fails["reason"] == "ValueError: no context"  # measured, and says why
+    assert transfer.row_fields(cells[0])["reason"] == ""
     back = transfer.cell_from_row({"extra": {k: v for k, v in fields.items() if k not in ("status", "reason")}})
     assert back.text() == cells[2].text()
     with pytest.raises(ValueError, match="outcome="):
