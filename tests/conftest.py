@@ -15,7 +15,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The longest test files first, so the two pytest-xdist workers (make test) do not end on one long notebook run while
 # the other waits; within a file the order is kept. The order of their times in make test from a fresh clone with an
-# empty inductor cache (2-core AMD EPYC, 2026-11-28): 12, 04 and 05 about 4 minutes each, then 15, 06, 10, 14, 03.
+# empty inductor cache (2-core AMD EPYC, 2026-11-28, e385c0f): 12 223 s, 04 204 s, 15 175 s, 14 138 s, 05 107 s, then
+# 06, 03 and 13 about 75-80 s each.
 HEAVY_FIRST = ("test_nb12_", "test_nb04_", "test_nb05_", "test_nb15_", "test_nb06_", "test_nb14_", "test_nb10_",
                "test_nb03_", "test_nb13_", "test_nb08_", "test_browser_", "test_nb02_", "test_nb01_", "test_nb16_",
                "test_nb09_", "test_nb00_", "test_nb07_", "test_nb11_")
