@@ -244,8 +244,8 @@ def pick_backend(ran: pd.DataFrame) -> tuple[str, str]:
     if set(f["kernels"]) == set(n["kernels"]):
         return fastest, f"the fastest backend measured, {fastest}, runs the kernel native SDPA already runs here " \
                         f"({', '.join(f['kernels'])})"
-    gap, spread = n["step (ms)"] - f["step (ms)"], max(f["spread (ms)"], n["spread (ms)"])
-    if gap <= spread:
+    if not measure.told_apart(f["step (ms)"], n["step (ms)"], f["spread (ms)"], n["spread (ms)"]):
+        gap, spread = n["step (ms)"] - f["step (ms)"], max(f["spread (ms)"], n["spread (ms)"])
         return fastest, (f"the fastest backend measured, {fastest} ({f['step (ms)']:.1f} ms a step), is not told apart "
                          f"from native ({n['step (ms)']:.1f} ms): the gap of {gap:.1f} ms is within the larger max-min "
                          f"spread ({spread:.1f} ms)")

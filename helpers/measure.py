@@ -294,12 +294,17 @@ def out_of_memory(fn: Callable[[], T]) -> tuple[T | None, str]:
         return None, (str(err).strip().splitlines() or ["out of memory"])[0]
 
 
+def told_apart(median_a: float, median_b: float, spread_a: float, spread_b: float) -> bool:
+    """Whether two medians differ by more than the larger of their max-min spreads (else: noise, not a difference)."""
+    return abs(median_a - median_b) > max(spread_a, spread_b)
+
+
 def compare_medians(a: Timing, b: Timing, name_a: str, name_b: str) -> str:
     """A sentence comparing two timings: faster, slower, or not told apart (medians within the larger spread)."""
     gap = abs(a.median_s - b.median_s)
     spread = max(a.spread_s, b.spread_s)
     ms = f"{a.median_s * 1e3:.1f} ms vs {b.median_s * 1e3:.1f} ms median"
-    if gap <= spread:
+    if not told_apart(a.median_s, b.median_s, a.spread_s, b.spread_s):
         return (f"{name_a} and {name_b} are not told apart by this run: {ms}, a gap of {gap * 1e3:.1f} ms within "
                 f"the larger max-min spread ({spread * 1e3:.1f} ms)")
     word = "faster" if a.median_s < b.median_s else "slower"

@@ -762,7 +762,8 @@ def row_fields(cell: Cell) -> dict[str, Any]:
               if isinstance(m.get(k), (int, float))}
     if isinstance(m.get("recompiles", m.get("swap_recompiles")), int):
         lifted["recompiles"] = m.get("recompiles", m.get("swap_recompiles"))
-    return {"status": "skipped" if skipped else "ok", "reason": (cell.message or cell.figure) if skipped or cell.outcome == "fails" else "",
+    reason = (cell.message or cell.figure) if skipped or cell.outcome == "fails" else ""
+    return {"status": "skipped" if skipped else "ok", "reason": reason,
             "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "figure": cell.figure,
             "message": cell.message, "text": cell.text(), "measured": json.loads(json.dumps(m, default=str)),
             **lifted}

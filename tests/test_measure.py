@@ -151,3 +151,12 @@ def test_out_of_memory_returns_the_reason_and_lets_other_errors_through():
 def test_peak_text_picks_a_unit_that_shows_the_peak():
     assert measure.Memory(int(3.8 * 2**20), 0, "cpu_allocated_during_call").peak_text == "3.8 MiB"
     assert measure.Memory(int(22.5 * 2**30), 0, "cuda_max_allocated").peak_text == "22.50 GiB"
+
+
+def test_told_apart_only_beyond_the_larger_spread():
+    """The one rule compare_medians and attention_backends.pick_backend share: a gap within the larger max-min spread
+    is noise (planted: 12.6 vs 13.5 with 2.0 of spread), beyond it a difference."""
+    from helpers import measure
+
+    assert not measure.told_apart(12.6, 13.5, 2.0, 0.1) and measure.told_apart(10.0, 13.5, 0.5, 0.5)
+    assert not measure.told_apart(1.0, 1.5, 0.0, 0.5)  # a gap equal to the spread is not told apart
