@@ -201,6 +201,24 @@ def restore_inductor_defaults() -> None:
         setattr(torch._inductor.config, flag, value)
 
 
+# Why the blocks-only scope never captures CUDA graphs (an H100 run of notebook 12 failed so on 2026-11-28)
+REGIONAL_CUDA_GRAPHS = ("every repeated block calls one compiled function, and CUDA graph trees take each call of it "
+                        "for a new step, so a block's replay overwrites the output the next block still reads "
+                        "(torch 2.11: 'accessing tensor output of CUDAGraphs that has been overwritten')")
+
+
+def compile_mode(lever: str, scope: str) -> str:
+    """The denoiser's torch.compile mode for a compile lever: 'max-autotune' compiles the whole denoiser with CUDA
+    graphs, its blocks alone without them (max-autotune-no-cudagraphs: REGIONAL_CUDA_GRAPHS); else 'default'."""
+    if lever not in COMPILES:
+        raise ValueError(f"lever {lever!r} is not a compile lever; allowed: {COMPILES}")
+    if scope not in ("full", "regional"):
+        raise ValueError(f"scope={scope!r}: 'full' or 'regional'")
+    if lever != "max-autotune":
+        return "default"
+    return "max-autotune" if scope == "full" else "max-autotune-no-cudagraphs"
+
+
 def apply_lever(pipe: Any, lever: str, *, scope: str, vae_mode: str) -> None:
     """Apply one lever of LEVERS (not 'aoti') to pipe in place, with the calls notebook 12's whole-stack cell shows;
     scope 'full' compiles the whole denoiser, 'regional' its repeated blocks."""
@@ -225,7 +243,7 @@ def apply_lever(pipe: Any, lever: str, *, scope: str, vae_mode: str) -> None:
         net.fuse_qkv_projections()
         pipe.vae.fuse_qkv_projections()
     elif lever in COMPILES:
-        mode = "max-autotune" if lever == "max-autotune" else "default"
+        mode = compile_mode(lever, scope)
         if scope == "full":
             net.compile(fullgraph=True, mode=mode)
         else:

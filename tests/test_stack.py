@@ -143,3 +143,43 @@ def test_quiet_loading_turns_the_loading_bars_off_and_back():
     with stack.quiet_loading():
         assert not diffusers_logging.is_progress_bar_enabled() and not transformers_logging.is_progress_bar_enabled()
     assert (diffusers_logging.is_progress_bar_enabled(), transformers_logging.is_progress_bar_enabled()) == before
+
+
+@pytest.mark.parametrize("scope", ["full", "regional"])
+@pytest.mark.parametrize("lever", stack.COMPILES)
+def test_the_blocks_alone_never_capture_cuda_graphs(lever, scope):
+    # the planted fault: regional max-autotune with CUDA graphs failed notebook 12 on an H100 (G0, 2026-11-28)
+    from helpers import compile_tools
+
+    mode = stack.compile_mode(lever, scope)
+    captures = bool(compile_tools.mode_options(mode).get("triton.cudagraphs"))
+    assert captures == (lever == "max-autotune" and scope == "full")
+    if lever == "max-autotune":  # the same autotuning either way; only the CUDA graphs differ
+        assert compile_tools.cuda_graph_twin("max-autotune") == stack.compile_mode(lever, "regional")
+
+
+def test_apply_lever_compiles_the_blocks_with_the_mode_compile_mode_gives(monkeypatch):
+    calls = []
+
+    class Net:
+        def compile_repeated_blocks(self, **kw):
+            calls.append(("blocks", kw))
+
+        def compile(self, **kw):
+            calls.append(("whole", kw))
+
+    class Pipe:
+        transformer = Net()
+
+    monkeypatch.setattr(stack.pipelines, "denoiser", lambda pipe: pipe.transformer)
+    stack.apply_lever(Pipe(), "max-autotune", scope="regional", vae_mode="default")
+    stack.apply_lever(Pipe(), "max-autotune", scope="full", vae_mode="default")
+    assert calls == [("blocks", {"fullgraph": True, "mode": "max-autotune-no-cudagraphs"}),
+                     ("whole", {"fullgraph": True, "mode": "max-autotune"})]
+
+
+def test_compile_mode_refuses_what_is_not_a_compile_lever_or_scope():
+    with pytest.raises(ValueError, match="not a compile lever"):
+        stack.compile_mode("fp8", "full")
+    with pytest.raises(ValueError, match="scope="):
+        stack.compile_mode("compile", "blocks")
