@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PORT   ?= 8888
 
-.PHONY: venv test test-all test-fast test-matrix train-smoke reproduce lab browser browser-deps clean-venv gpu-bundle rehearse-gpu-env
+.PHONY: venv test test-all test-fast test-matrix train-smoke reproduce lab browser browser-deps clean-venv gpu-bundle gpu-aside gpu-back rehearse-gpu-env
 
 venv: $(STAMP)
 
@@ -55,6 +55,15 @@ reproduce: venv
 ## MANIFEST.txt and REVISION (the commit the host's rows will name). Run it before every GPU call.
 gpu-bundle: venv
 	$(PY) tools/gpu_bundle.py
+	-$(PY) tools/gpu_tree.py size
+
+## make gpu-aside / gpu-back: the executed notebook copies under data/ moved out of the tree before a lease (the
+## device tool copies at most 64 MiB, tree and .whl/ together) and put back after it, before merging its archives.
+gpu-aside:
+	$(PY) tools/gpu_tree.py aside
+
+gpu-back:
+	$(PY) tools/gpu_tree.py back
 
 ## make rehearse-gpu-env: the GPU host's environment (Python 3.12, torch 2.11 + the bundle) rebuilt on this CPU,
 ## then group G1 run through tools/gpu_run.sh on the smoke profile (GROUPS="G5a G5b" or GROUPS=all for others).
