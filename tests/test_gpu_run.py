@@ -58,25 +58,27 @@ def lease_sums(leases):
 def test_leases_run_every_group_and_fit_a_lease():
     order = [g for lease in gpu_run.LEASES for g in lease]
     assert set(order) == set(gpu_run.GROUPS), "every group in LEASES"
-    twice = {g for g in order if order.count(g) > 1}
+    every = order + [g for lease in gpu_run.LEASES_DONE for g in lease if g in gpu_run.GROUPS]
+    twice = {g for g in every if every.count(g) > 1}
     assert twice <= gpu_run.RERUNS, f"only RERUNS run twice: {twice - gpu_run.RERUNS}"
-    assert gpu_run.LEASES[gpu_run.LEASES_RUN][0] == gpu_run.CHECK_GROUP, "the GPU check opens the next lease"
-    ahead = gpu_run.LEASES[gpu_run.LEASES_RUN:]  # the leases not run yet must fit; the first ran in 800 s of 900
-    over = {lease: s for lease, s in lease_sums(ahead).items() if s > gpu_run.LEASE_S}
+    assert gpu_run.LEASES[0] == gpu_run.CHECK_GROUPS, "the GPU check opens the next lease"
+    over = {lease: s for lease, s in lease_sums(gpu_run.LEASES).items() if s > gpu_run.LEASE_S}
     assert not over, f"estimated past a lease's {gpu_run.LEASE_S} s: {over}"
     # a planted pairing of the two longest groups is caught by the same check
     assert lease_sums([("G6a", "G6b")])[("G6a", "G6b")] > gpu_run.LEASE_S
 
 
 def test_the_gpu_check_runs_every_notebook_on_the_smoke_profile_within_its_budget():
-    check = gpu_run.GROUPS[gpu_run.CHECK_GROUP]
+    check = [j for g in gpu_run.CHECK_GROUPS for j in gpu_run.GROUPS[g]]
     notebooks = {p.stem for p in paths.NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")} - {"11_reproduction_report"}
-    assert {j.notebook for j in check} == notebooks, "G0 runs every notebook (11 reads rows, it has no GPU code)"
+    assert {j.notebook for j in check} == notebooks, "G0a + G0b run every notebook (11 reads rows, no GPU code)"
     assert all(j.parameters["PROFILE"] == "smoke" for j in check)
     assert {j.label for j in check} >= {"01_dtype.sdxl", "02_attention_sdpa.sdxl"}
-    assert gpu_run.check_wall_s() <= gpu_run.CHECK_BUDGET_S
-    # list scheduling: a planted single worker would run the jobs one after another, past the budget
-    assert sum(j.estimate_s for j in check) > gpu_run.CHECK_BUDGET_S
+    assert len({j.label for j in check}) == len(check), "two check runs would write the same executed copy"
+    for group in gpu_run.CHECK_GROUPS:
+        assert gpu_run.check_wall_s(group) <= gpu_run.CHECK_BUDGET_S <= gpu_run.BUDGET_S
+        # list scheduling: a planted single worker would run the jobs one after another, past the budget
+        assert sum(j.estimate_s for j in gpu_run.GROUPS[group]) > gpu_run.CHECK_BUDGET_S
 
 
 def test_the_gpu_check_runs_notebooks_side_by_side(tmp_path, monkeypatch):
@@ -99,10 +101,11 @@ def test_the_gpu_check_runs_notebooks_side_by_side(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_run, "install", lambda wheels, site: {})
     monkeypatch.setattr(gpu_run, "check_bundle", lambda bundle: [])
     monkeypatch.setattr(gpu_run, "run_job", fake_job)
-    assert gpu_run.run_group(gpu_run.CHECK_GROUP, tmp_path / "out", budget_s=300) == 0
-    assert peak[0] == gpu_run.PARALLEL[gpu_run.CHECK_GROUP]
-    summary = (tmp_path / "out" / f"{gpu_run.CHECK_GROUP}.summary.txt").read_text()
-    assert all(f"{j.label}: ok" in summary for j in gpu_run.GROUPS[gpu_run.CHECK_GROUP])
+    group = gpu_run.CHECK_GROUPS[0]
+    assert gpu_run.run_group(group, tmp_path / "out", budget_s=300) == 0
+    assert peak[0] == gpu_run.PARALLEL[group]
+    summary = (tmp_path / "out" / f"{group}.summary.txt").read_text()
+    assert all(f"{j.label}: ok" in summary for j in gpu_run.GROUPS[group])
 
 
 def test_the_gpu_check_merges_apart_from_the_results(tmp_path, monkeypatch):
@@ -110,7 +113,7 @@ def test_the_gpu_check_merges_apart_from_the_results(tmp_path, monkeypatch):
     run = tmp_path / "run"
     (run / "results" / "h100").mkdir(parents=True)
     (run / "results" / "h100" / "00_setup_and_baseline.jsonl").write_text('{"scenario": "a", "profile": "smoke"}\n')
-    archive = gpu_run.pack(run, tmp_path / "out", gpu_run.CHECK_GROUP)
+    archive = gpu_run.pack(run, tmp_path / "out", gpu_run.CHECK_GROUPS[1])
     monkeypatch.setattr(paths, "DATA_DIR", tmp_path / "data")
     done = gpu_run.merge(archive)
     assert (tmp_path / "data" / "gpu-check" / "h100" / "00_setup_and_baseline.jsonl").exists(), done
@@ -122,7 +125,7 @@ def test_the_plan_lists_the_leases_as_the_code_runs_them():
     table = text.split("## The leases")[1].split("\n## ")[0]
     listed = [tuple(g.strip() for g in line.split("|")[2].split(","))
               for line in table.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
-    assert listed == gpu_run.LEASES
+    assert listed == gpu_run.LEASES_DONE + gpu_run.LEASES
     for group in gpu_run.GROUPS:
         assert f"\n| {group} | " in text, f"{group} has no row in the plan's group table"
 
