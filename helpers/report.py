@@ -593,7 +593,8 @@ def write_readme_region(readme: Path, region: str, markers: tuple[str, str] = (R
 TLDR_MARKERS = readme_region.markers("tldr")
 # The README's headline: what each line says, and the comparison whose committed GPU figure and published one it gives
 TLDR_LINES: tuple[tuple[str, str], ...] = (
-    ("Flux-1-Dev, 1024x1024, 28 steps, eager bf16", "eager-latency-sglang"),
+    ("Flux-1-Dev, 1024x1024, 28 steps, eager bf16, against the guide's H100 figure", "eager-latency"),
+    ("the same, against SGLang's H200 figure", "eager-latency-sglang"),
     ("`torch.compile` of the DiT, speedup per image (03)", "compile-speedup-sglang"),
     ("regional compilation, full / regional cold compile (04)", "regional-cold-compile-ratio"),
     ("regional compilation, steady speed regional / full (04)", "regional-steady-ratio"),
