@@ -325,7 +325,8 @@ def verdict_offload(measured: dict[str, Any], tolerance: float) -> tuple[str, st
     if not measured["drift"] <= tolerance:
         return "fails", figure, "output differs"
     if not measured.get("moved", True):  # a CPU: the hooks install and keep parity, but there is nowhere to move to
-        return "not run here", figure, "offloading needs an accelerator to move weights to and from"
+        return "not run here", figure, ("the hooks install and keep the output (the parity beside), but without an "
+                                        "accelerator no weight moves: the offload itself did not run")
     return "works", figure, ""
 
 
