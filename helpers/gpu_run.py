@@ -364,6 +364,7 @@ def merge(archive: Path, results_dir: Path | None = None, figures_dir: Path | No
                 executed.mkdir(parents=True, exist_ok=True)
                 results.set_aside(executed / nb.name)
                 shutil.copy2(nb, executed / nb.name)
+                results.strip_root(executed / nb.name)  # the host's folder, as reproduce strips this machine's
                 done.append(f"{paths.relative(executed / nb.name)}: executed copy")
         for fig in sorted((tmp / "figures").glob("*/*")):
             dest = figures_dir / fig.parent.name / fig.name

@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
             status[label] = f"ok ({time.perf_counter() - t0:.0f} s)"
         except Exception as err:  # noqa: BLE001 (keep going: one failing notebook should not hide the others)
             status[label] = f"FAILED ({type(err).__name__}; see {out.relative_to(paths.ROOT)})"
+        if out.exists():
+            results.strip_root(out)  # the copy is committed: no absolute path of this machine in it
         print(f"=== {label}: {status[label]}", flush=True)
 
     rows = results.read_rows(paths.RESULTS_DIR, hardware=hardware)

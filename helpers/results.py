@@ -6,6 +6,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -171,6 +172,18 @@ def set_aside(path: Path) -> None:
         stamp = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y%m%dT%H%M%SZ")
         (path.parent / "previous").mkdir(exist_ok=True)
         os.replace(path, path.parent / "previous" / f"{path.stem}.{stamp}{path.suffix}")
+
+
+def strip_root(notebook: Path) -> bool:
+    """Write an executed notebook without the absolute folder it ran in (papermill's input_path names it): each path
+    under that folder becomes relative to it, so a committed copy names no machine's paths. True if it changed."""
+    text = notebook.read_text()
+    ran_in = json.loads(text).get("metadata", {}).get("papermill", {}).get("input_path") or ""
+    root = ran_in.rpartition("/notebooks/")[0]
+    if not root.startswith("/") or root not in text:
+        return False
+    notebook.write_text(re.sub(re.escape(root) + r"(?![\w.-])", ".", text.replace(root + "/", "")))
+    return True
 
 
 def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str | None = None,

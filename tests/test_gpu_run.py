@@ -147,7 +147,9 @@ def test_merge_appends_new_rows_once_and_keeps_the_previous_executed_copy(tmp_pa
     (run / "results" / "h100-80gb" / "00_setup_and_baseline.jsonl").write_text(
         "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
     (run / "executed").mkdir()
-    (run / "executed" / "00_setup_and_baseline.ipynb").write_text("{}")
+    host = "/host/checkout"  # the folder the notebook ran in on the GPU host: the merged copy must not name it
+    (run / "executed" / "00_setup_and_baseline.ipynb").write_text(json.dumps(
+        {"metadata": {"papermill": {"input_path": f"{host}/notebooks/00_setup_and_baseline.ipynb"}}}))
     (run / "figures" / "h100-80gb").mkdir(parents=True)
     (run / "figures" / "h100-80gb" / "plot.png").write_bytes(b"png")
     archive = gpu_run.pack(run, tmp_path / "out", "G1")
@@ -159,7 +161,7 @@ def test_merge_appends_new_rows_once_and_keeps_the_previous_executed_copy(tmp_pa
     gpu_run.merge(archive, res, figs)  # merging twice adds nothing
     lines = dest.read_text().splitlines()
     assert len(lines) == 3 and json.loads(lines[0])["scenario"] == "older"
-    assert (res / "h100-80gb" / "executed" / "00_setup_and_baseline.ipynb").exists()
+    assert host not in (res / "h100-80gb" / "executed" / "00_setup_and_baseline.ipynb").read_text()
     assert len(list((res / "h100-80gb" / "executed" / "previous").glob("*.ipynb"))) == 1
     assert (figs / "h100-80gb" / "plot.png").read_bytes() == b"png"
     with tarfile.open(archive) as tar:

@@ -410,3 +410,24 @@ def _append_many(path: str, worker: int) -> None:
 
     for i in range(25):
         res.append_rows(Path(path), [{"worker": worker, "i": i}])
+
+
+def test_strip_root_leaves_no_absolute_project_path_in_an_executed_copy(tmp_path):
+    """A committed executed notebook names no machine's folders (papermill's input_path shows where it ran)."""
+    root = "/srv/me/proj"
+    nb = {"cells": [{"cell_type": "code", "source": [], "metadata": {}, "outputs": [{"output_type": "stream",
+          "name": "stdout", "text": [f"saved {root}/figures/cpu/a.png\n", f"python 3.11 ({root}/.venv/bin/python)\n",
+                                     f"cwd {root}\n", "other /srv/me/proj2/x stays\n"]}]}],
+          "metadata": {"papermill": {"input_path": f"{root}/notebooks/00_x.ipynb",
+                                     "output_path": f"{root}/data/results/cpu/executed/00_x.ipynb"}},
+          "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "00_x.ipynb"
+    path.write_text(json.dumps(nb, indent=1))
+    assert results.strip_root(path)
+    text = path.read_text()
+    assert f"{root}/" not in text and f"{root}\\n" not in text
+    out = json.loads(text)
+    assert out["metadata"]["papermill"]["input_path"] == "notebooks/00_x.ipynb"
+    assert out["cells"][0]["outputs"][0]["text"] == ["saved figures/cpu/a.png\n", "python 3.11 (.venv/bin/python)\n",
+                                                      "cwd .\n", "other /srv/me/proj2/x stays\n"]
+    assert not results.strip_root(path)  # once stripped there is nothing left to strip
