@@ -201,15 +201,11 @@ def restore_inductor_defaults() -> None:
         setattr(torch._inductor.config, flag, value)
 
 
-# Why the blocks-only scope never captures CUDA graphs (an H100 run of notebook 12 failed so on 2026-11-28)
-REGIONAL_CUDA_GRAPHS = ("every repeated block calls one compiled function, and CUDA graph trees take each call of it "
-                        "for a new step, so a block's replay overwrites the output the next block still reads "
-                        "(torch 2.11: 'accessing tensor output of CUDAGraphs that has been overwritten')")
-
-
 def compile_mode(lever: str, scope: str) -> str:
     """The denoiser's torch.compile mode for a compile lever: 'max-autotune' compiles the whole denoiser with CUDA
-    graphs, its blocks alone without them (max-autotune-no-cudagraphs: REGIONAL_CUDA_GRAPHS); else 'default'."""
+    graphs, its blocks alone without them ('max-autotune-no-cudagraphs'); else 'default'."""
+    # Every repeated block calls one compiled function, and CUDA graph trees take each call for a new step, so a
+    # block's replay overwrites the output the next block still reads (torch 2.11 on an H100, notebook 12, 2026-11-28)
     if lever not in COMPILES:
         raise ValueError(f"lever {lever!r} is not a compile lever; allowed: {COMPILES}")
     if scope not in ("full", "regional"):
