@@ -242,8 +242,8 @@ def pick_backend(ran: pd.DataFrame) -> tuple[str, str]:
         return fastest, "" if fastest != "native" else "native SDPA is the fastest measured: nothing to switch"
     f, n = ran.loc[fastest], ran.loc["native"]
     if set(f["kernels"]) == set(n["kernels"]):
-        return fastest, f"the fastest backend measured, {fastest}, runs the kernel native SDPA already runs here " \
-                        f"({', '.join(f['kernels'])})"
+        return fastest, (f"the fastest backend measured, {fastest}, runs the kernel native SDPA already runs here "
+                         f"({', '.join(f['kernels'])})")
     if not measure.told_apart(f["step (ms)"], n["step (ms)"], f["spread (ms)"], n["spread (ms)"]):
         gap, spread = n["step (ms)"] - f["step (ms)"], max(f["spread (ms)"], n["spread (ms)"])
         return fastest, (f"the fastest backend measured, {fastest} ({f['step (ms)']:.1f} ms a step), is not told apart "

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch._C._autograd import DeviceType
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from helpers import compile_tools, measure, parallel, pipelines, workloads
 from helpers.results import ResultWriter
 

@@ -70,7 +70,7 @@ def run_setup(name: str, tmp_path: Path, **parameters: Any) -> dict[str, Any]:
     res, figs = tmp_path / "results", tmp_path / "figures"
     namespace: dict[str, Any] = {"__name__": "__main__"}
     with contextlib.chdir(paths.NOTEBOOKS_DIR):
-        exec(compile(code[first].source, f"<{name} parameters>", "exec"), namespace)
+        exec(compile(code[first].source, f"<{name} parameters>", "exec"), namespace)  # noqa: S102 (the notebook's own cell)
         namespace |= {"PROFILE": "smoke", "RESULTS_DIR": str(res), "FIGURES_DIR": str(figs)} | parameters
-        exec(compile(code[first + 1].source, f"<{name} setup>", "exec"), namespace)
+        exec(compile(code[first + 1].source, f"<{name} setup>", "exec"), namespace)  # noqa: S102
     return namespace

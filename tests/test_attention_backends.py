@@ -120,6 +120,6 @@ def test_the_fastest_backend_is_adopted_only_beyond_the_noise():
     assert attention_backends.pick_backend(table(10.0, 0.5)) == ("_native_math", "")
     same = table(10.0, 0.5, ["aten::_scaled_dot_product_flash_attention_for_cpu"])
     assert "runs the kernel native SDPA already runs" in attention_backends.pick_backend(same)[1]
-    assert attention_backends.pick_backend(table(14.0, 0.1)) == ("native", "native SDPA is the fastest measured: "
-                                                                           "nothing to switch")
+    assert attention_backends.pick_backend(table(14.0, 0.1)) == (
+        "native", "native SDPA is the fastest measured: nothing to switch")
     assert attention_backends.pick_backend(table(14.0, 0.1).iloc[0:0]) == ("native", "no backend ran")

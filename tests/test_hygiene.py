@@ -110,3 +110,17 @@ def test_readme_starts_with_the_three_commands_and_shows_the_lab_screenshot():
     assert "figures/jupyterlab_notebook00.png" in readme.split("## ")[0], "the screenshot sits by the quickstart"
     assert (paths.FIGURES_DIR / "jupyterlab_notebook00.png").stat().st_size > 10_000
     assert "make test" in (paths.ROOT / ".ci" / "run").read_text(), ".ci/run must call the README's test command"
+
+
+def test_the_helpers_tests_and_tools_pass_ruff(tmp_path):
+    """ruff (pinned in requirements.txt, configured in pyproject.toml) finds nothing; a planted unused import fails."""
+    root = paths.NOTEBOOKS_DIR.parent
+    ruff = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise"]
+    found = subprocess.run([*ruff, "helpers", "tests", "tools"], cwd=root, capture_output=True, text=True,
+                           check=False)
+    assert found.returncode == 0, found.stdout + found.stderr
+    planted = tmp_path / "planted.py"
+    planted.write_text("import os\n")
+    caught = subprocess.run([*ruff, "--config", str(root / "pyproject.toml"), str(planted)], capture_output=True,
+                            text=True, check=False)
+    assert caught.returncode == 1 and "F401" in caught.stdout

@@ -61,7 +61,7 @@ def test_flop_count_includes_attention_on_a_cpu():
     """Without the math backend the CPU's flash kernel counts 0 (no formula): QK^T and PV are 2 b h s^2 d each."""
     b, h, s, d = 2, 3, 40, 16
     q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
-    attention = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+    attention = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
     with torch.utils.flop_counter.FlopCounterMode(display=False) as plain:
         attention()
     assert plain.get_total_flops() == 0  # what the count missed before

@@ -63,8 +63,8 @@ def test_scheduler_sync_rows(tmp_path):
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert {"sigmas on device: set_begin_index(0) saves exactly the two reads of index_for_timestep",
             "Flux, begin_index set: the placement of the sigmas does not change the count",
-            "sigmas on cpu, begin_index unset: one blocking copy while setting the schedule, the two reads of "
-            "index_for_timestep in the steps",
+            ("sigmas on cpu, begin_index unset: one blocking copy while setting the schedule, the two reads of "
+             "index_for_timestep in the steps"),
             "timesteps on the CPU: nothing read or copied up front, one blocking copy per step",
             "Euler, sigmas on device: two reads of the sigma per step, 4 syncs in the steps",
             "Euler: fewer syncs with the sigmas on the CPU, in the loop and in the steps",

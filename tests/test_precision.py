@@ -203,7 +203,7 @@ def test_each_notice_once_passes_the_first_and_drops_the_repeats():
 def test_first_only_can_fail():
     """The filter really decides: a second record with the text is dropped, one without passes."""
     once = precision.FirstOnly("kept in float32")
-    make = lambda msg: logging.LogRecord("x", logging.WARNING, __file__, 1, msg, None, None)  # noqa: E731
+    make = lambda msg: logging.LogRecord("x", logging.WARNING, __file__, 1, msg, None, None)
     assert [once.filter(make(m)) for m in ("kept in float32", "kept in float32", "other")] == [True, False, True]
 
 
@@ -238,7 +238,7 @@ def test_probe_denoiser_compares_formats_on_the_reference_inputs(smoke_flux):
 def test_measure_format_times_and_profiles_on_a_cpu(smoke_flux):
     pipe, run = smoke_flux
     s = run.settings
-    generate = lambda p: p(prompt="a seven", height=s.height, width=s.width, num_inference_steps=1,  # noqa: E731
+    generate = lambda p: p(prompt="a seven", height=s.height, width=s.width, num_inference_steps=1,
                            output_type="np", max_sequence_length=s.max_sequence_length).images
     with precision.fp32_reference():
         m = precision.measure_format(pipe, run, generate, precision.probe_denoiser(pipe, run, 4.0))
@@ -255,7 +255,7 @@ def test_initial_noise_is_the_generators_fp32_draw_rounded_to_each_format(model)
 
     from helpers import pipelines
     Pipeline = {"flux-dev": FluxPipeline, "sdxl": StableDiffusionXLPipeline}[model]
-    call = dict(prompt="a seven", height=64, width=64, num_inference_steps=1, output_type="np")
+    call = {"prompt": "a seven", "height": 64, "width": 64, "num_inference_steps": 1, "output_type": "np"}
     pipe = Pipeline(**pipelines.random_components(model, "smoke", dtype=torch.float32, seed=0))
     pipe.set_progress_bar_config(disable=True)
     noise = precision.initial_noise(pipe, 64, 64, seed=3, batch=2)
