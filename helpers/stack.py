@@ -44,9 +44,12 @@ INDUCTOR_DEFAULTS: dict[str, Any] = {flag: getattr(torch._inductor.config, flag)
 # relative error of ~1e-2 per matmul; 0.1 relative L2 on the denoiser output allows that through every block, and
 # still fails a stage whose scales are wrong (errors of order 1).
 INT8_TOLERANCE = 0.1
-# fp8 e4m3 (torchao's row-wise dynamic recipe) keeps 3 mantissa bits, coarser than int8 for values inside the row's
-# range: the same 0.1 band is applied and the measured drift is printed beside it.
-FP8_TOLERANCE = 0.1
+# fp8 e4m3 (torchao's row-wise dynamic recipe) keeps 3 mantissa bits: each weight and activation is rounded to within
+# 1/16 of itself, several times int8's error for values inside the row's range, so the band is three times int8's;
+# it still fails a stage whose scales are wrong. The trained smoke Flux drifts 0.15 in one step (torchao's fp8
+# kernels run on the CPU with its hardware check lifted: tests/test_stack.py), above int8's 0.1, with every digit
+# still read (15's fp8 images on an H100); weights a fifth too large, as a wrong scale makes them, drift about 1.
+FP8_TOLERANCE = 0.3
 
 
 def reproduce_tolerance(dtype_tolerance: float, quantized_band: float, quantized: bool) -> float:
@@ -168,8 +171,9 @@ def fp8_refusal() -> str:
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
     probe = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False, dtype=torch.bfloat16))
-    try:
-        quantize_(probe, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    try:  # set_inductor_config=False: the probe leaves inductor's global flags as they are (torchao's default sets
+        # coordinate descent tuning for every later compile of the process, before its hardware check refuses)
+        quantize_(probe, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow(), set_inductor_config=False))
     except AssertionError as err:
         return f"torchao refuses its fp8 recipe here: '{err}'"
     return ""

@@ -183,3 +183,53 @@ def test_compile_mode_refuses_what_is_not_a_compile_lever_or_scope():
         stack.compile_mode("fp8", "full")
     with pytest.raises(ValueError, match="scope="):
         stack.compile_mode("compile", "blocks")
+
+
+def _smoke_flux_step(lever: str, monkeypatch: pytest.MonkeyPatch, weight_scale: float = 1.0) -> float:
+    """Relative L2 from the bf16 step of one step of the trained smoke Flux with its Linear weights quantized: torchao's
+    int8 or fp8 (fused QKV first, as notebook 12 stacks them), or bitsandbytes' NF4 round trip (quantize, dequantize)."""
+    import bitsandbytes.functional as bnb
+    import torchao.quantization.quant_api as quant_api
+    from torchao.quantization import quantize_
+
+    from helpers import compile_tools, params, pipelines, transfer
+
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda *a: None)  # fp8's kernels run on a CPU too
+    weights, _ = params.resolve_weights("auto", "flux-dev", "smoke")
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", weights=weights, dtype=torch.bfloat16, device="cpu", seed=0)
+    net, inputs = pipe.transformer, pipelines.denoiser_inputs(pipe, height=128, width=128, max_sequence_length=32)
+    with torch.inference_mode():
+        reference = net(**inputs)[0].clone()
+        for m in net.modules():
+            if isinstance(m, torch.nn.Linear):
+                m.weight.mul_(weight_scale)  # 1: the weights as trained; else a planted wrong scale
+                if lever == "nf4":
+                    packed, state = bnb.quantize_4bit(m.weight.data, blocksize=64, quant_type="nf4")
+                    m.weight.copy_(bnb.dequantize_4bit(packed, state))
+    if lever != "nf4":
+        net.fuse_qkv_projections()
+        quantize_(net, transfer.quantize_config(lever))
+    with torch.inference_mode():
+        return compile_tools.relative_error(net(**inputs)[0], reference)
+
+
+@pytest.mark.parametrize("lever", ["int8", "fp8", "nf4"])
+def test_the_quantization_bands_hold_the_smoke_flux_and_fail_a_wrong_scale(monkeypatch, lever):
+    """Each quantization's drift band (12's stages, 16's cells) holds what its kernels do to the trained smoke Flux
+    in one step, and fails the same weights a fifth too large."""
+    from helpers import transfer
+
+    band = transfer.QUANTIZED_DRIFT_BAND[lever]
+    if lever != "nf4":  # 12's stages and 16's cells hold the 8-bit levers to one band
+        assert band == stack.band([lever], 0.03)
+    assert _smoke_flux_step(lever, monkeypatch) <= band
+    assert _smoke_flux_step(lever, monkeypatch, weight_scale=1.2) > band
+
+
+def test_the_fp8_probe_leaves_inductors_flags_as_they_are(monkeypatch):
+    """torchao's fp8 config sets coordinate descent tuning globally before its hardware check; the probe asks it not to."""
+    monkeypatch.setattr(torch._inductor.config, "coordinate_descent_tuning", False)
+    monkeypatch.setattr(torch._inductor.config, "force_fuse_int_mm_with_mul", False)
+    stack.fp8_refusal()
+    assert not torch._inductor.config.coordinate_descent_tuning
+    assert not torch._inductor.config.force_fuse_int_mm_with_mul
