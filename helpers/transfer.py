@@ -533,17 +533,21 @@ def probe_quantized(sub: Subject, name: str) -> Cell:
                                  and type(m.weight).__name__ != "Parameter")
         sub.step()
     except (AssertionError, NotImplementedError, RuntimeError) as err:
-        measured["refused" if _hardware_refusal(err) else "error"] = first_line(err)
+        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
     if not measured.get("refused") and not measured.get("error"):
         measured |= _compile_once(sub, lambda net: net.compile_repeated_blocks(fullgraph=True, backend=sub.compiler))
     sub.restore()
     return Cell(sub.model, name, *verdict_quantized(measured, QUANTIZED_DRIFT_BAND[name]), measured=measured)
 
 
-def _hardware_refusal(err: BaseException) -> bool:
-    """Whether a library error says this hardware lacks something (a GPU, a compute capability), not the model."""
+def _hardware_refusal(err: BaseException, device: torch.device) -> bool:
+    """Whether a library error says this hardware lacks something (a GPU, a compute capability), not the model. On a
+    CUDA GPU only a compute capability counts: an error naming CUDA there (tensors on cuda:0 and cpu, cuBLAS, out of
+    memory) is a failure the GPU run exists to find."""
     text = str(err).lower()
-    return any(w in text for w in ("cuda", "gpu", "compute capability", "accelerator", "xpu"))
+    words = ("compute capability",) if device.type == "cuda" else ("cuda", "gpu", "compute capability",
+                                                                    "accelerator", "xpu")
+    return any(w in text for w in words)
 
 
 def nf4_config(dtype: torch.dtype) -> Any:
@@ -576,7 +580,7 @@ def probe_nf4(sub: Subject, profile: str) -> Cell:
                 measured["layers"] = sum(1 for m in net.modules() if type(m).__name__ == "Linear4bit")
                 measured["drift"] = compile_tools.relative_error(sub.step(module=net), sub.reference)
             except Exception as err:  # noqa: BLE001
-                measured["refused" if _hardware_refusal(err) else "error"] = first_line(err)
+                measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
     return Cell(sub.model, "nf4", *verdict_nf4(measured, QUANTIZED_DRIFT_BAND["nf4"]), measured=measured)
 
 
@@ -629,6 +633,8 @@ def probe_offload(sub: Subject, mode: str) -> Cell:
                                          offload_type="block_level", num_blocks_per_group=1)
         installed = True
         measured["drift"] = compile_tools.relative_error(sub.step(), sub.reference)
+        if mode == "model":  # its hook keeps a model on the GPU until the next one runs, as a pipeline call ends
+            sub.pipe.maybe_free_model_hooks()
         on_cpu = sum(p.numel() for p in sub.net.parameters() if p.device.type == "cpu")
         total = sum(p.numel() for p in sub.net.parameters())
         measured["moved"] = cuda
@@ -636,7 +642,7 @@ def probe_offload(sub: Subject, mode: str) -> Cell:
                                           if cuda else "installs, but on a CPU onload and offload are the same "
                                           "memory: it moves nothing")
     except Exception as err:  # noqa: BLE001
-        measured["refused" if _hardware_refusal(err) else "error"] = first_line(err)
+        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
     finally:
         if installed:  # model offload: hooks off, weights back; group offload: its hooks live in the denoiser
             with contextlib.suppress(Exception):

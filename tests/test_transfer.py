@@ -189,3 +189,16 @@ def test_knobs_are_refused_naming_what_is_allowed():
         transfer.table_path("table.txt", transfer.Path("/tmp"), "cpu", "smoke", "all")
     assert transfer.table_path(None, transfer.Path("/r"), "h100", "full", "qwen-image").name == \
         "transfer-table.qwen-image.md"
+
+
+@pytest.mark.parametrize(("text", "device", "refusal"), [
+    ("No GPU found. A GPU is needed for quantization.", "cpu", True),
+    ("`enable_model_cpu_offload` requires accelerator, but not found", "cpu", True),
+    ("Float8 dynamic quantization requires CUDA compute capability >=8.9 or MI300+ or XPU.", "cuda", True),
+    # planted on a GPU: errors that name CUDA there are the failures the GPU check exists to find
+    ("Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!", "cuda", False),
+    ("CUDA out of memory. Tried to allocate 2.00 GiB", "cuda", False),
+    ("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul", "cuda", False),
+])
+def test_a_refusal_off_the_gpu_is_hardware_and_on_it_only_a_compute_capability(text, device, refusal):
+    assert transfer._hardware_refusal(RuntimeError(text), torch.device(device)) is refusal
