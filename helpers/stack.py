@@ -179,9 +179,23 @@ def fp8_refusal() -> str:
     return ""
 
 
+def aoti_refusal() -> str:
+    """Why AOTInductor cannot build a package here ('' when it can): the package is C++ that inductor compiles with
+    the compiler its config names (g++ unless CXX or inductor's cpp.cxx says otherwise)."""
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler as err:
+        return f"AOTInductor compiles its package's C++ and finds no C++ compiler here ({str(err).splitlines()[0]})"
+    return ""
+
+
 def skip_reason(lever: str, model: str, device: torch.device) -> str:
     """Why a lever cannot run for this model on this device ('' when it can)."""
     cuda = device.type == "cuda"
+    if lever == "aoti":
+        return aoti_refusal()
     if lever == "cudnn-attention":
         if model == "sdxl":
             return ("SDXL's UNet attention processors call SDPA directly, not diffusers' attention dispatcher, so "

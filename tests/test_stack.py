@@ -233,3 +233,12 @@ def test_the_fp8_probe_leaves_inductors_flags_as_they_are(monkeypatch):
     stack.fp8_refusal()
     assert not torch._inductor.config.coordinate_descent_tuning
     assert not torch._inductor.config.force_fuse_int_mm_with_mul
+
+
+def test_aoti_is_skipped_with_its_reason_where_no_cpp_compiler_is_found(monkeypatch):
+    """AOTInductor's package is C++: a host without the compiler inductor names gets a skip reason, not a crash."""
+    if stack.aoti_refusal():
+        pytest.skip(f"this machine has no C++ compiler: {stack.aoti_refusal()}")
+    assert stack.skip_reason("aoti", "flux-dev", torch.device("cpu")) == ""
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-cxx-compiler",))  # planted: none found
+    assert "finds no C++ compiler" in stack.skip_reason("aoti", "flux-dev", torch.device("cuda"))
