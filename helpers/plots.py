@@ -48,6 +48,12 @@ def save_image(image: Any, run: Run, hardware: str, name: str) -> Path:
     return path
 
 
+def smoke_caveat(run: Run, sep: str = "; ") -> str:
+    """'' on the full profile; on smoke, what a figure's numbers are (a tiny model's on this device), after sep."""
+    where = "a GPU" if run.device.type == "cuda" else "a CPU"
+    return "" if run.profile == "full" else f"{sep}smoke: a tiny model on {where}, not the full-size workload"
+
+
 LONG_LABEL = 16  # characters: longer category labels turn the chart on its side, where they read level
 WRAP = 34  # characters per line of a category label on a sideways chart
 

@@ -56,3 +56,16 @@ def test_long_labels_turn_the_bars_sideways_with_every_label_inside_the_figure()
     # short labels stay upright
     upright = plots.bars(["a", "b"], [1.0, 2.0], title="T", xlabel="setting", ylabel="latency (s)").axes[0]
     assert [t.get_text() for t in upright.get_xticklabels()] == ["a", "b"]
+
+
+def test_the_smoke_caveat_names_the_device_and_is_empty_on_the_full_profile():
+    from dataclasses import replace
+
+    import torch
+
+    from helpers import params
+
+    run = params.resolve("03_torch_compile", PROFILE="smoke")
+    assert plots.smoke_caveat(run) == "; smoke: a tiny model on a CPU, not the full-size workload"
+    assert "on a GPU" in plots.smoke_caveat(replace(run, device=torch.device("cuda")), "\n")
+    assert plots.smoke_caveat(replace(run, profile="full")) == ""
