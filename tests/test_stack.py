@@ -189,8 +189,7 @@ def _smoke_flux_step(lever: str, monkeypatch: pytest.MonkeyPatch, weight_scale: 
     """Relative L2 from the bf16 step of one step of the trained smoke Flux with its Linear weights quantized: torchao's
     int8 or fp8 (fused QKV first, as notebook 12 stacks them), or bitsandbytes' NF4 round trip (quantize, dequantize)."""
     import bitsandbytes.functional as bnb
-    import torchao.quantization.quant_api as quant_api
-    from torchao.quantization import quantize_
+    from torchao.quantization import quant_api, quantize_
 
     from helpers import compile_tools, params, pipelines, transfer
 
