@@ -182,6 +182,9 @@ def free_pipeline(*parts: Any) -> int:
                 continue
             for tensor in [*module.parameters(), *module.buffers()]:
                 _empty(tensor)
+            for layer in module.modules():  # bitsandbytes' Linear4bit keeps its weight's scales on itself too
+                if getattr(layer, "quant_state", None) is not None:
+                    layer.quant_state = None
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()

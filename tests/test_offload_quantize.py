@@ -497,3 +497,15 @@ def test_time_compiled_records_a_failure_instead_of_raising():
                                   repeats=2, warmup=0)
     assert fine["status"] == "ok" and fine["graph_breaks"] == 0 and fine["recompiles"] == 0
     assert fine["dynamic_shapes_at_compile"] is None  # nothing was compiled
+
+
+def test_free_pipeline_drops_the_scales_a_linear4bit_keeps_on_itself():
+    """bitsandbytes' Linear4bit holds its weight's QuantState (the absmax scales) on the layer as well: emptying the
+    weight alone left them allocated (0.9 GiB on Flux-1-Dev's GPU, under a 16 GiB cap)."""
+    import bitsandbytes as bnb
+
+    layer = bnb.nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16, quant_type="nf4").to("cpu")
+    layer(torch.randn(2, 64, dtype=torch.bfloat16))  # the forward puts the state on the layer
+    assert layer.quant_state is not None and layer.weight.quant_state is not None
+    offload.free_pipeline(torch.nn.Sequential(layer))
+    assert layer.quant_state is None and layer.weight.quant_state is None and layer.weight.numel() == 0
