@@ -146,7 +146,7 @@ PARALLEL: dict[str, int] = {g: 4 for g in CHECK_GROUPS}
 _SMOKE = {"PROFILE": "smoke"}
 GROUPS["G0a"] = ([Job(nb, est, _SMOKE) for nb, est in {
     "00_setup_and_baseline": 75, "01_dtype": 100, "02_attention_sdpa": 100, "06_graph_breaks": 115,
-    "07_scheduler_syncs": 75, "08_cpu_offload": 100, "09_nf4_quantization": 75, "13_beyond_one_gpu": 100}.items()]
+    "07_scheduler_syncs": 75, "08_cpu_offload": 150, "09_nf4_quantization": 75, "13_beyond_one_gpu": 100}.items()]
                  + [Job(nb, 100, _SMOKE | {"MODEL": "sdxl"}) for nb in ("01_dtype", "02_attention_sdpa")]
                  # 16: the levers whose code differs on a GPU (fp8, bitsandbytes NF4, offload hooks that move
                  # weights, the CUDA attention backends), on its three smoke models
