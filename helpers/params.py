@@ -164,6 +164,11 @@ def resolve_weights(weights: str, model: str, profile: str) -> tuple[str, str]:
     folder = trained_smoke_folder(model)
     if profile == "smoke" and (folder / "model_index.json").is_file():
         return str(folder), f"auto: the project's trained smoke model ({paths.relative(folder)})"
+    if model == "all" and profile == "smoke":  # notebook 16's MODEL="all": each model resolves its own
+        trained = [m for m in (*MODELS, *TRANSFER_ONLY_MODELS)
+                   if (trained_smoke_folder(m) / "model_index.json").is_file()]
+        return "random", (f"auto, per model: the project's trained smoke model for {', '.join(trained) or 'none'}, "
+                          "random weights for the others")
     why = "the full profile keeps the real architecture with seeded random weights (no download)" \
         if profile == "full" else f"no trained smoke model ships for {model}"
     return "random", f"auto: random, because {why}"

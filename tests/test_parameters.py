@@ -159,3 +159,12 @@ def test_a_model_of_notebook_16_is_refused_elsewhere_with_the_reason():
         params.resolve("03_torch_compile", MODEL="sd3", PROFILE="smoke")
     assert params.resolve("16_does_it_transfer", MODEL="qwen-image", PROFILE="smoke",
                           models=("all", "flux-dev", "qwen-image", "flux2-dev")).model == "qwen-image"
+
+
+def test_auto_weights_for_notebook_16s_all_models_name_the_trained_one():
+    """MODEL='all' (notebook 16) resolves per model: its card names the trained smoke Flux, not 'none ships for all'."""
+    from helpers import params
+
+    weights, reason = params.resolve_weights("auto", "all", "smoke")
+    assert weights == "random" and "trained smoke model for flux-dev" in reason and "for all" not in reason
+    assert params.resolve_weights("auto", "sdxl", "smoke")[1].endswith("no trained smoke model ships for sdxl")
