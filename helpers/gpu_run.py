@@ -115,7 +115,7 @@ GROUPS: dict[str, list[Job]] = {
     # helpers.fit skips there (08 at 24 GiB: the no-offload reference; 09 at 16 GiB: the reference and NF4 alone) are
     # rows with their reason, the rest runs. Estimates (docs/gpu-plan.md, G5c and G5d): G5a's 300 s less the
     # reference's timings, plus block-level group offload eager (3 calls at ~2x model offload's 21.5 s) and the
-    # full-size random weights drawn on the CPU four times (~30 s each, not measured); 09: G5b's 450 s less the
+    # full-size random pipeline built in CPU memory four times, drawn on the GPU (~30 s each, not measured); 09: G5b's 450 s less the
     # reference and NF4-alone timings, with one timed call per setting
     "G5c": [Job("08_cpu_offload", 480, {"GPU_MEMORY_GIB": 24, "OFFLOAD_MODES": ["model", "group_block"],
                                         "VARIANTS": ["eager"], "OFFLOAD_REPEATS": 1})],

@@ -400,3 +400,14 @@ def test_denoiser_config_overrides_depth_only_for_random_weights(tmp_path):
         pipelines.build_pipeline("flux-dev", "smoke", denoiser_config={"num_layer": 3})
     with pytest.raises(ValueError, match="needs WEIGHTS='random'"):
         pipelines.build_pipeline("flux-dev", "smoke", weights=str(tmp_path), denoiser_config={"num_layers": 3})
+
+
+def test_random_weights_are_drawn_on_the_gpu_wherever_the_module_lives(monkeypatch):
+    """A pipeline kept in CPU memory on a GPU machine (08 and 09 on a small card) draws on the GPU: the weights of a
+    GPU build, in seconds; without a GPU it draws where it lives."""
+    from helpers import pipelines
+
+    assert pipelines._draw_device(torch.device("cpu")) == torch.device("cpu")  # this machine: no CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # planted: a GPU machine
+    assert pipelines._draw_device(torch.device("cpu")) == torch.device("cuda")
+    assert pipelines._draw_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
