@@ -135,8 +135,11 @@ def _flux_needs() -> dict[str, Need]:
                               "GiB); the DiT alone holds 22.17 GiB"),
         "sequential offload": Need("sequential CPU offload", round(FLUX_ACTIVATIONS_GIB + 1.0, 2),
                                    "estimated: the 1024x1024 activations (00) + 1 GiB of layers in flight"),
-        "group offload": Need("group offload (block level)", round(FLUX_ACTIVATIONS_GIB + 1.0, 2),
-                              "estimated: the 1024x1024 activations (00) + one block group in flight (< 1 GiB)"),
+        "group offload": Need("group offload (block level)",
+                              round(max(_w("flux-dev", "text_encoder_2"), FLUX_ACTIVATIONS_GIB) + 1.0, 2),
+                              "estimated: block level moves T5 whole (it has no top-level block list), "
+                              f"{_w('flux-dev', 'text_encoder_2'):g} GiB, more than the 1024x1024 activations (00) and "
+                              "one transformer block; + 1 GiB for what is in flight"),
         "nf4": Need("NF4 pipeline", 15.0, "published: the hands-on guide's NF4 peak on an H100 (GB read as GiB)"),
         "nf4 offload": Need("NF4 + model CPU offload", 12.2, "published: the hands-on guide's peak on an H100"),
     }
