@@ -203,7 +203,8 @@ def test_bundle_plan_holds_the_pins_and_leaves_torch_to_the_host():
 def test_a_capped_group_rehearses_the_skips_its_cap_decides():
     # on the CPU rehearsal a cap (refused without CUDA) becomes the parts fit skips under it on the full profile
     for group, notebook, skipped in (("G5c", "08_cpu_offload", ["eager"]), ("G5d", "09_nf4_quantization",
-                                                                          ["eager", "nf4"])):
+                                                                          ["eager", "nf4"]),
+                                     ("G5e", "08_cpu_offload", ["eager", "model offload"])):
         (job,) = gpu_run.GROUPS[group]
         rehearsed = gpu_run.rehearsal_parameters(job.notebook, job.parameters)
         assert job.notebook == notebook and "GPU_MEMORY_GIB" not in rehearsed
