@@ -73,10 +73,12 @@ class Session:
         so a cell ending in it echoes no list)."""
         self.gallery.show_committed(name, caption)
 
-    def card_table(self, full: bool = False, steps: int | None = None) -> pd.DataFrame:
+    def card_table(self, full: bool = False, steps: int | None = None,
+                   timing: tuple[int, int] | None = None) -> pd.DataFrame:
         """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
         full=True every field of the environment card, the timing settings, the results file and the knobs; `steps`
-        where the notebook's images take a step count of their own instead of the profile's."""
+        where the notebook's images take a step count of their own instead of the profile's, `timing` (warm-up calls,
+        timed calls) where its timings use their own."""
         r, c = self.run, self.card
         steps = r.settings.steps if steps is None else steps
         device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
@@ -94,8 +96,9 @@ class Session:
                 ("torch / diffusers", f"{c.versions.get('torch', '?')} / {c.versions.get('diffusers', '?')}"),
                 ("git revision", c.git_rev)]
         if full:
+            warmup, repeats = timing or (r.settings.warmup, r.settings.repeats)
             rows += [("notebook", r.notebook), ("seed", str(r.seed)),
-                     ("timing", f"{r.settings.warmup} warm-up + {r.settings.repeats} timed runs, median reported"),
+                     ("timing", f"{warmup} warm-up + {repeats} timed runs, median reported"),
                      ("results file", str(self.writer.path))]
             rows += c.as_table()
             rows += [(f"knob: {k}", repr(v)) for k, v in r.knobs.items()]

@@ -114,6 +114,14 @@ def test_the_card_names_the_step_count_the_images_take(tmp_path):
     assert s.card_table(steps=8).loc["workload", "value"].startswith(f"{SMOKE.height}x{SMOKE.width}, 8 steps,")
 
 
+def test_the_card_names_the_timing_the_notebook_used(tmp_path):
+    """12 times 2 runs on smoke and 14 no warm-up: the full card's timing row says what ran, not the profile's."""
+    s = _session(tmp_path)
+    default = f"{SMOKE.warmup} warm-up + {SMOKE.repeats} timed runs, median reported"
+    assert s.card_table(full=True).loc["timing", "value"] == default
+    assert s.card_table(full=True, timing=(0, 2)).loc["timing", "value"] == "0 warm-up + 2 timed runs, median reported"
+
+
 def test_the_cards_dtype_line_fits_the_table_whole(tmp_path):
     """At a glance the dtype line is the choice and its first reason, short enough that pandas does not cut it at
     max_colwidth (a planted 300-character reason was cut to '...' before); full=True keeps the whole reason."""
