@@ -225,19 +225,19 @@ def test_the_quantization_bands_hold_the_smoke_flux_and_fail_a_wrong_scale(monke
     assert _smoke_flux_step(lever, monkeypatch, weight_scale=1.2) > band
 
 
-def test_the_fp8_probe_leaves_inductors_flags_as_they_are(monkeypatch):
+def test_the_fp8_probe_leaves_inductors_flags_as_they_are():
     """torchao's fp8 config sets coordinate descent tuning globally before its hardware check; the probe asks it not to."""
-    monkeypatch.setattr(torch._inductor.config, "coordinate_descent_tuning", False)
-    monkeypatch.setattr(torch._inductor.config, "force_fuse_int_mm_with_mul", False)
-    stack.fp8_refusal()
-    assert not torch._inductor.config.coordinate_descent_tuning
-    assert not torch._inductor.config.force_fuse_int_mm_with_mul
+    with torch._inductor.config.patch(coordinate_descent_tuning=False, force_fuse_int_mm_with_mul=False):
+        stack.fp8_refusal()
+        assert not torch._inductor.config.coordinate_descent_tuning
+        assert not torch._inductor.config.force_fuse_int_mm_with_mul
 
 
-def test_aoti_is_skipped_with_its_reason_where_no_cpp_compiler_is_found(monkeypatch):
+def test_aoti_is_skipped_with_its_reason_where_no_cpp_compiler_is_found():
     """AOTInductor's package is C++: a host without the compiler inductor names gets a skip reason, not a crash."""
     if stack.aoti_refusal():
         pytest.skip(f"this machine has no C++ compiler: {stack.aoti_refusal()}")
     assert stack.skip_reason("aoti", "flux-dev", torch.device("cpu")) == ""
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-cxx-compiler",))  # planted: none found
-    assert "finds no C++ compiler" in stack.skip_reason("aoti", "flux-dev", torch.device("cuda"))
+    with torch._inductor.config.patch({"cpp.cxx": ("no-such-cxx-compiler",)}):  # planted: none found (restored after)
+        assert "finds no C++ compiler" in stack.skip_reason("aoti", "flux-dev", torch.device("cuda"))
+    assert stack.aoti_refusal() == ""
