@@ -330,15 +330,19 @@ def measure_format(pipe: Any, run: Any, generate: Callable[[Any], Any], probe: D
 
 
 class FirstOnly(logging.Filter):
-    """Pass the first record that contains text, drop the later ones; records without text pass."""
+    """Pass the first record that contains text, drop the later ones and any whose list after text is empty
+    ('kept in float32: []' names no module); records without text pass."""
 
     def __init__(self, text: str) -> None:
         super().__init__()
         self.text, self.seen = text, False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.text not in record.getMessage():
+        message = record.getMessage()
+        if self.text not in message:
             return True
+        if f"{self.text}: []" in message:
+            return False
         passed, self.seen = not self.seen, True
         return passed
 
@@ -349,8 +353,8 @@ UPCAST_VAE_WARNING = "`upcast_vae` is deprecated"
 
 @contextlib.contextmanager
 def each_notice_once() -> Iterator[None]:
-    """Inside the block, diffusers' notice that a model 'should be kept in float32' and its FutureWarning about
-    upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32 and back at every call (the VAE's
+    """Inside the block, diffusers' notice that a model 'should be kept in float32' (dropped when it names no
+    module) and its FutureWarning about upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32 and back at every call (the VAE's
     force_upcast), and each cast repeats both."""
     logger = logging.getLogger("diffusers.models.modeling_utils")
     once = FirstOnly(KEEP_FP32_NOTICE)

@@ -182,7 +182,8 @@ def test_each_notice_once_passes_the_first_and_drops_the_repeats():
     handler.emit = lambda record: records.append(record.getMessage())
     logger.addHandler(handler)
     shown: list[str] = []
-    notice = "There are modules in AutoencoderKL that should be kept in float32: []."
+    notice = "There are modules in AutoencoderKL that should be kept in float32: ['x']."
+    empty = "There are modules in FluxTransformer2DModel that should be kept in float32: []."
     future = "`upcast_vae` is deprecated and will be removed in version 1.0.0."
     try:
         with warnings.catch_warnings():
@@ -190,13 +191,14 @@ def test_each_notice_once_passes_the_first_and_drops_the_repeats():
             with precision.each_notice_once():
                 for _ in range(3):
                     logger.warning(notice)
+                    logger.warning(empty)  # names no module: dropped every time
                     logger.warning("another notice")
                     with warnings.catch_warnings():  # as the profiler's blocks in helpers.measure do
                         warnings.warn(future, FutureWarning, stacklevel=1)
             logger.warning(notice)  # the filter is gone after the block
     finally:
         logger.removeHandler(handler)
-    assert records.count(notice) == 2 and records.count("another notice") == 3
+    assert records.count(notice) == 2 and records.count("another notice") == 3 and empty not in records
     assert shown == [future]
 
 
@@ -205,6 +207,7 @@ def test_first_only_can_fail():
     once = precision.FirstOnly("kept in float32")
     make = lambda msg: logging.LogRecord("x", logging.WARNING, __file__, 1, msg, None, None)
     assert [once.filter(make(m)) for m in ("kept in float32", "kept in float32", "other")] == [True, False, True]
+    assert not precision.FirstOnly("kept in float32").filter(make("kept in float32: []")), "an empty list passes"
 
 
 @pytest.fixture(scope="module")

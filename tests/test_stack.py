@@ -107,7 +107,13 @@ def test_ladder_measures_drift_from_its_first_stage():
     assert moved.step_drift == pytest.approx(0.01, rel=1e-3)
     assert stack.stage_problems(moved, fullgraph=True), "a 1% drift must fail a 1e-4 band"
     ladder.skip("+ y", "y", "not here")
-    assert list(ladder.table().index) == ["eager", "+ x", "+ y"]
+    full = ladder.table()
+    assert list(full.index) == ["eager", "+ x", "+ y"]
+    assert "peak memory (MiB)" in full.columns, "peaks under 1 GiB read in MiB"
+    assert full.loc["+ x", "peak memory (MiB)"] == pytest.approx(moved.memory.peak_gib * 1024)
+    big = replace(moved.memory, peak_bytes=3 * 2**30)  # a planted GPU-sized peak: the column in GiB
+    ladder.stages[1] = replace(moved, memory=big)
+    assert ladder.table().loc["+ x", "peak memory (GiB)"] == pytest.approx(3.0)
     brief = ladder.table(brief=True)
     assert list(brief.index) == ["eager", "+ x"], "the brief table leaves skipped stages out"
     assert brief.loc["+ x", "step drift vs eager (rel. L2)"] == pytest.approx(0.01, rel=1e-3)
