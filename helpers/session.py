@@ -84,7 +84,7 @@ class Session:
         device = c.device_name if c.device != "cpu" else f"{c.cpu} ({c.cpu_cores} cores, no GPU)"
         if c.memory_cap:
             device += f", {c.memory_cap}"
-        pd.set_option("display.max_colwidth", 200)  # the card's reasons are sentences: shown whole, not cut at 50
+        pd.set_option("display.max_colwidth", None)  # reasons are sentences: shown whole, never cut
         dtype = r.dtype_reason or r.dtype_name
         dtype = dtype if full else dtype.split("; ")[0]  # at a glance: the choice and its reason, not the forensics
         rows = [("device", device), ("dtype", dtype), ("profile", r.profile_reason),

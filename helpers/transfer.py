@@ -325,8 +325,7 @@ def verdict_offload(measured: dict[str, Any], tolerance: float) -> tuple[str, st
     if not measured["drift"] <= tolerance:
         return "fails", figure, "output differs"
     if not measured.get("moved", True):  # a CPU: the hooks install and keep parity, but there is nowhere to move to
-        return "not run here", figure, ("the hooks install and keep the output (the parity beside), but without an "
-                                        "accelerator no weight moves: the offload itself did not run")
+        return "not run here", figure, "moving weights needs an accelerator"
     return "works", figure, ""
 
 
@@ -639,8 +638,8 @@ def probe_offload(sub: Subject, mode: str) -> Cell:
         total = sum(p.numel() for p in sub.net.parameters())
         measured["moved"] = cuda
         measured["weights_off_device"] = (f"{on_cpu / total:.0%} of the denoiser's weights on the CPU between calls"
-                                          if cuda else "installs, but on a CPU onload and offload are the same "
-                                          "memory: it moves nothing")
+                                          if cuda else "hooks installed, but a CPU moves nothing (onload and "
+                                          "offload are the same memory)")
     except Exception as err:  # noqa: BLE001
         measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
     finally:
