@@ -129,3 +129,4 @@ def test_the_cards_dtype_line_fits_the_table_whole(tmp_path):
     s.run = dataclasses.replace(s.run, dtype_reason="auto: fp32, because " + "x" * 150 + "; then " + "y" * 150)
     glance, full = s.card_table().loc["dtype", "value"], s.card_table(full=True).loc["dtype", "value"]
     assert len(glance) <= 200 and glance.endswith("x") and full == s.run.dtype_reason
+    assert s.run.dtype_reason in s.card_table(full=True)._repr_html_(), "the displayed table shows the reason uncut"
