@@ -30,8 +30,11 @@ class _DropNotice(logging.Filter):
 #   which this project never loads, and notes that torchao 0.18 no longer has them.
 # - diffusers warns at every enable_cache(FasterCacheConfig(...)) that FasterCache is experimental: notebooks 14 and
 #   16 say so where they list it, once, instead of the paragraph each call prints.
+# - diffusers warns at every set_attention_backend / attention_backend that attention backends are experimental:
+#   notebook 02 says so once, where it introduces them.
 for _logger, _text in (("transformers.utils.import_utils", "requires torchvision (not installed)"),
                        ("diffusers.hooks.faster_cache", "FasterCache is a purely experimental feature"),
+                       ("diffusers.models.modeling_utils", "Attention backends are an experimental feature"),
                        ("torchao", "Failed to load"),
                        ("torch.utils._pytree", "is an Enum subclass and is now natively supported"),
                        ("diffusers.quantizers.torchao.torchao_quantizer", "Unable to import `torchao` Tensor objects")):

@@ -311,6 +311,13 @@ def compare_medians(a: Timing, b: Timing, name_a: str, name_b: str) -> str:
     return f"{name_a} is {word} than {name_b}: {ms}, a gap of {gap * 1e3:.1f} ms beyond either max-min spread"
 
 
+def human_seconds(seconds: float) -> str:
+    """A duration in the unit that reads: '2.1 s' from 1 s up, '0.31 ms' below 1 ms, '12.4 ms' between."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e3:.2g} ms"
+
+
 def human_flops(flops: float) -> str:
     """A FLOP count with a readable prefix: '1.23 GFLOP'."""
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

@@ -160,3 +160,9 @@ def test_told_apart_only_beyond_the_larger_spread():
 
     assert not measure.told_apart(12.6, 13.5, 2.0, 0.1) and measure.told_apart(10.0, 13.5, 0.5, 0.5)
     assert not measure.told_apart(1.0, 1.5, 0.0, 0.5)  # a gap equal to the spread is not told apart
+
+
+def test_human_seconds_picks_the_unit_that_reads():
+    assert measure.human_seconds(2.134) == "2.13 s"
+    assert measure.human_seconds(0.0124) == "12.4 ms"
+    assert measure.human_seconds(0.000306) == "0.31 ms", "the smoke floor read '0.000306 s'"

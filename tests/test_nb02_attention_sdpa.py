@@ -21,7 +21,7 @@ ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 TOKENS = {"flux-dev": lambda res: 32 + (res // 16) ** 2, "sdxl": lambda res: (res // 16) ** 2}
 CLAIMS = {"the naive processor took every attention call of a step", "sdpa-math, the reference, runs here",
           "after the switch the model is back to SDPA's default",
-          "the naive processor took every call of each step, and only it", "the score matrix grows as the tokens squared",
+          "the naive processor took every call of each step, and only it",
           "naive attention holds a whole score matrix at 512 px (MiB)", "naive attention's memory grows faster than the tokens",
           "flash needs less memory than naive at 512 px (MiB)", "the naive pipeline's image is finite",
           "naive attention needs at least SDPA's memory at every batch (MiB)",
