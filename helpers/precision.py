@@ -354,8 +354,8 @@ UPCAST_VAE_WARNING = "`upcast_vae` is deprecated"
 @contextlib.contextmanager
 def each_notice_once() -> Iterator[None]:
     """Inside the block, diffusers' notice that a model 'should be kept in float32' (dropped when it names no
-    module) and its FutureWarning about upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32 and back at every call (the VAE's
-    force_upcast), and each cast repeats both."""
+    module) and its FutureWarning about upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32
+    and back at every call (the VAE's force_upcast), and each cast repeats both."""
     logger = logging.getLogger("diffusers.models.modeling_utils")
     once = FirstOnly(KEEP_FP32_NOTICE)
     logger.addFilter(once)

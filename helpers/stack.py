@@ -409,8 +409,8 @@ class Ladder:
         columns a reader needs first (image, step, first image, drift and its band, graphs, breaks, recompiles) and
         leaves the skipped stages out (the ladder prints why each was skipped)."""
         base = self.stages[0] if self.stages else None
-        in_mib = all(s.memory.peak_gib < 1 for s in self.stages)  # the smoke model's peaks read as 0.003 GiB
-        peak_unit, peak_scale = ("MiB", 1024) if in_mib else ("GiB", 1)
+        small = all(s.memory.peak_bytes < 2**30 for s in self.stages)  # the smoke model's peaks read as 0.003 GiB
+        unit, scale = ("MiB", 2**20) if small else ("GiB", 2**30)
         lines: dict[str, dict[str, Any]] = {}
         for s in self.stages:
             if brief:
@@ -426,7 +426,8 @@ class Ladder:
                 "image speedup vs eager (x)": base.image.median_s / s.image.median_s if base else math.nan,
                 "step speedup vs eager (x)": base.step.median_s / s.step.median_s if base else math.nan,
                 "first image incl. compile, inductor cache as found (s)": s.first_image_s,
-                "compile cache hits at first image (count)": s.cache_hits, f"peak memory ({peak_unit})": s.memory.peak_gib * peak_scale,
+                "compile cache hits at first image (count)": s.cache_hits,
+                f"peak memory ({unit})": s.memory.peak_bytes / scale,
                 "step drift vs eager (rel. L2)": s.step_drift, "image drift vs eager (rel. L2)": s.image_drift,
                 "graphs at first image (count)": s.graphs, "graph breaks (count)": s.graph_breaks,
                 "recompiles after (count)": s.recompiles}
