@@ -318,6 +318,11 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e3:.2g} ms"
 
 
+def human_speedup(speedup: float) -> str:
+    """A speedup that reads: '1.59x'; below 1 it says the slowdown too: '0.06x (16.7x slower)'."""
+    return f"{speedup:.2f}x" if speedup >= 1 else f"{speedup:.2f}x ({1 / speedup:.3g}x slower)"
+
+
 def human_flops(flops: float) -> str:
     """A FLOP count with a readable prefix: '1.23 GFLOP'."""
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from helpers import paths, readme_region, results
+from helpers import measure, paths, readme_region, results
 
 GIB = 2**30
 
@@ -169,6 +169,12 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
 GAP_UNEXPLAINED = "not explained yet"
 
 
+def unexplained_gaps(table: pd.DataFrame) -> list[str]:
+    """The compare() rows whose verdict lies outside their band with no cause recorded, as 'comparison on hardware'."""
+    hit = table[table["why the gap"] == GAP_UNEXPLAINED]
+    return [f"{c} on {h}" for c, h in zip(hit["comparison"], hit["hardware"])]
+
+
 def gaps(results_dir: Path = paths.RESULTS_DIR) -> pd.DataFrame:
     """Why a measured figure misses its published band: data/results/gaps.csv (comparison, hardware, cause)."""
     path = results_dir / "gaps.csv"
@@ -220,7 +226,8 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
         base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
         pval = base / pval if c.kind == "speedup" else pval / base
     what = {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(c.kind, c.published_metric.replace("_", " "))
-    mine = "not measured" if measured is None else _fmt(measured, c.kind, c.measured_field)
+    mine = ("not measured" if measured is None else measure.human_speedup(measured) if c.kind == "speedup"
+            else _fmt(measured, c.kind, c.measured_field))
     if profile != "full":
         status = "tiny model: no comparison"
     elif model is not None and model != c.model:
@@ -623,9 +630,10 @@ def factor_figure(table: pd.DataFrame, tolerance: dict[str, float], hardware: st
     for i, r in group.iterrows():
         tol = tolerance.get(r["comparison"], 0.0)
         ax.fill_betweenx([i - 0.4, i + 0.4], 1 / (1 + tol), 1 + tol, color="#55A868", alpha=0.25, lw=0)
-        factor = r["measured / published"]
-        ax.plot([factor], [i], "o", color="#4C72B0")
-        ax.annotate(f"{factor:.2f}", (factor, i), textcoords="offset points", xytext=(6, 0), va="center", fontsize=8)
+        factor, inside = r["measured / published"], str(r["verdict"]).startswith("within")
+        ax.plot([factor], [i], "o" if inside else "D", color="#4C72B0" if inside else "#C44E52")
+        ax.annotate(f"{factor:.2f}" + ("" if inside else f" ({r['verdict']})"), (factor, i),
+                    textcoords="offset points", xytext=(6, 0), va="center", fontsize=8)
     ax.axvline(1.0, color="#333", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlim(0.25, 4)
@@ -634,7 +642,7 @@ def factor_figure(table: pd.DataFrame, tolerance: dict[str, float], hardware: st
     ax.xaxis.set_minor_formatter(plt.NullFormatter())
     ax.set_yticks(range(len(group)), group["comparison"])
     ax.invert_yaxis()
-    ax.set_xlabel("measured / published (1 = as published; shaded: tolerance band)")
+    ax.set_xlabel("measured / published (1 = as published; shaded: tolerance band; red: outside it)")
     ax.set_title(f"Published vs measured on {hardware}" + (f" ({left} more without a factor)" if left else ""))
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()

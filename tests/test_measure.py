@@ -166,3 +166,9 @@ def test_human_seconds_picks_the_unit_that_reads():
     assert measure.human_seconds(2.134) == "2.13 s"
     assert measure.human_seconds(0.0124) == "12.4 ms"
     assert measure.human_seconds(0.000306) == "0.31 ms", "the smoke floor read '0.000306 s'"
+
+
+def test_human_speedup_says_a_slowdown():
+    assert measure.human_speedup(1.594) == "1.59x"
+    assert measure.human_speedup(0.06) == "0.06x (16.7x slower)"
+    assert measure.human_speedup(0.5) == "0.50x (2x slower)"
