@@ -230,9 +230,12 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def readable(df: pd.DataFrame, digits: int = 4) -> pd.DataFrame:
-    """df for display: floats to `digits` significant digits, missing values as '—'."""
+    """df for display: whole-number floats (counts, bytes) as integers, other floats to `digits` significant digits,
+    missing values as '—'."""
     def fmt(v: Any) -> Any:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "—"
+        if isinstance(v, float) and v.is_integer() and abs(v) < 1e15:
+            return str(int(v))
         return f"{v:.{digits}g}" if isinstance(v, float) else v
     return df.map(fmt)

@@ -157,7 +157,8 @@ def test_dtype_rows_flux(tmp_path):
 def test_dtype_rows_sdxl(tmp_path):
     nb = _check(run_notebook("01_dtype", tmp_path, MODEL="sdxl"), "sdxl")
     # fp16 SDXL upcasts its VAE at every call (force_upcast): diffusers' notices show once, not at each call
-    assert nb.text().count("should be kept in float32") == 1
+    # (at most once: a notice naming no module, 'kept in float32: []', is dropped, as the tiny SDXL's is)
+    assert nb.text().count("should be kept in float32") <= 1 and "kept in float32: []" not in nb.text()
     assert nb.text().count("`upcast_vae` is deprecated") <= 2  # the warning names it twice in one message
 
 

@@ -92,7 +92,7 @@ def test_the_recipe_rows(tmp_path):
     assert expected <= set(claims), expected - set(claims)
     text = nb.text()
     assert "TL;DR, regional-cold-compile-ratio: measured by this project" in text  # the H200 figure, when committed
-    assert "lossy cache (threshold 0.6): First Block Cache" in text  # fast() prints each lossy lever's published cost
+    assert "lossy cache (threshold 0.6); published: First Block Cache" in text  # fast() prints each lossy lever's published cost
 
 
 def test_the_readme_quotes_the_recipe_cells():
