@@ -337,8 +337,10 @@ class Guard:
 @contextlib.contextmanager
 def guard(writer: Any, scenario: str, **fields: Any) -> Iterator[Guard]:
     """Run a part of a notebook; when it runs out of GPU memory (past the card, or past GPU_MEMORY_GIB), record an
-    'oom' row with what it tried to allocate and the peak so far, free the cache, and carry on: never a crash."""
+    'oom' row with what it tried to allocate and the part's own peak, free the cache, and carry on: never a crash."""
     seen = Guard()
+    if torch.cuda.is_available():  # the oom row's peak is this part's, not an earlier part's
+        torch.cuda.reset_peak_memory_stats()
     try:
         yield seen
     except torch.OutOfMemoryError as err:

@@ -71,6 +71,9 @@ class Gallery:
         single = isinstance(prompts, str)
         rows = [[images]] if single else [list(r) for r in images]
         prompts = [prompts] if single else list(prompts)
+        if not rows:  # every part that would have made an image was skipped or ran out of memory: its row says so
+            print(f"{title.strip(' ,')}: no image to show (the parts that made none have 'skipped' or 'oom' rows)")
+            return {"judged": False, "rows": []}
         if any(len(r) != len(prompts) for r in rows):
             raise ValueError(f"show({title!r}): {len(prompts)} prompts but rows of {[len(r) for r in rows]} images")
         labels = list(labels) if labels else [""] * len(rows)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers import compile_tools, measure, pipelines, quantize, workloads
+from helpers import compile_tools, measure, params, pipelines, quantize, workloads
 from helpers.params import Run
 from helpers.results import ResultWriter
 
@@ -65,6 +65,17 @@ def error_of(fn: Callable[[], Any]) -> str:
     except Exception as err:  # noqa: BLE001 the error itself is the fact being recorded
         return describe_error(err)
     return ""
+
+
+def check_blocks_per_group(value: Any, use_stream: bool) -> int:
+    """BLOCKS_PER_GROUP, a positive int; above 1 only without USE_STREAM (diffusers prefetches one block at a time on
+    a stream and quietly resets the group to 1 block, so the run would not be the one asked for)."""
+    blocks = params.check_positive_int("BLOCKS_PER_GROUP", value)
+    if blocks > 1 and use_stream:
+        raise params.ParameterError(f"BLOCKS_PER_GROUP={blocks} with USE_STREAM=True: diffusers offloads one block per "
+                                    "group when it prefetches on a stream; set BLOCKS_PER_GROUP=1, or USE_STREAM=False "
+                                    f"for groups of {blocks}")
+    return blocks
 
 
 def no_accelerator_reason(mode: str) -> str:
@@ -169,8 +180,8 @@ def _empty(tensor: torch.Tensor) -> None:
 
 
 def free_pipeline(*parts: Any) -> int:
-    """Free pipelines or modules for good: drop compiled graphs, empty every tensor they hold, collect garbage and
-    empty the CUDA cache; return the CUDA bytes still allocated afterwards (0 without CUDA).
+    """Free pipelines or modules for good: drop compiled graphs, empty every tensor they hold (group offload's pinned
+    copies too), collect garbage and empty the CUDA caches; return the CUDA bytes still allocated afterwards (0 without CUDA).
 
     Emptying the tensors in place frees them even where a closure or a hook still refers to the module, so the
     next peak-memory measurement does not count them; the parts are unusable afterwards."""
@@ -185,10 +196,17 @@ def free_pipeline(*parts: Any) -> int:
             for layer in module.modules():  # bitsandbytes' Linear4bit keeps its weight's scales on itself too
                 if getattr(layer, "quant_state", None) is not None:
                     layer.quant_state = None
+                for hook in getattr(getattr(layer, "_diffusers_hook", None), "hooks", {}).values():
+                    pinned = getattr(getattr(hook, "group", None), "cpu_param_dict", None)
+                    if pinned:  # group offload with a stream: the pinned CPU copies its groups onload from
+                        pinned.clear()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+        empty_host = getattr(torch.accelerator, "empty_host_cache", None) or getattr(torch._C, "_host_emptyCache", None)
+        if empty_host is not None:  # the pinned blocks PyTorch keeps cached for reuse
+            empty_host()
         return torch.cuda.memory_allocated()
     return 0
 

@@ -95,7 +95,7 @@ def weight_error(quantized: torch.nn.Module, reference: torch.nn.Module) -> floa
         if not isinstance(layer, bnb.nn.Linear4bit):
             continue
         deq = nf4_dequantize(layer.weight)
-        ref = ref_modules[name].weight.detach().float().to(deq.device)
+        ref = ref_modules[name].weight.detach().to(deq.device).float()  # moved first: widened on the GPU
         err += float((deq - ref).pow(2).sum())
         norm += float(ref.pow(2).sum())
     if norm == 0:
@@ -104,16 +104,18 @@ def weight_error(quantized: torch.nn.Module, reference: torch.nn.Module) -> floa
 
 
 @torch.no_grad()
-def nf4_format_error(weights: list[torch.Tensor], blocksize: int = 64) -> float:
+def nf4_format_error(weights: list[torch.Tensor], blocksize: int = 64,
+                     device: torch.device | str | None = None) -> float:
     """The relative L2 error the NF4 format gives these weights, derived from the format alone: every block of
     blocksize consecutive values (flattened) divided by its absmax, rounded to the nearest of the 16 NF4 levels,
-    multiplied back. The expected value of weight_error for the same weights, on any machine."""
+    multiplied back. The expected value of weight_error for the same weights, on any machine; computed on device
+    (each weight's own when None), one weight at a time."""
     import bitsandbytes.functional as bnbf
 
     levels = bnbf.get_4bit_type("nf4", device="cpu").float()  # ascending, -1 to 1
     err = norm = 0.0
-    for w in weights:  # on the weight's own device (Flux-1-Dev's 12B weights are minutes of single-core work)
-        flat = w.detach().float().reshape(-1)
+    for w in weights:  # a GPU's seconds: Flux-1-Dev's 12B weights are minutes of work on a CPU
+        flat = w.detach().to(device or w.device).float().reshape(-1)
         on = levels.to(flat.device)
         padded = torch.nn.functional.pad(flat, (0, -flat.numel() % blocksize)).view(-1, blocksize)
         absmax = padded.abs().amax(dim=1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
@@ -403,7 +405,8 @@ def component_summary(model: torch.nn.Module, reference: torch.nn.Module) -> dic
             "reference_itemsize": reference.dtype.itemsize,
             "linear_bytes_ratio": b["nf4_bytes"] / b["bf16_bytes"],
             "weight_error": weight_error(model, reference),
-            "weight_error_format": nf4_format_error(reference_linear_weights(model, reference)),
+            "weight_error_format": nf4_format_error(reference_linear_weights(model, reference),
+                                                    device=next(model.parameters()).device),  # the NF4 model's GPU
             "footprint_reference_bytes": whole_ref["total_bytes"], "footprint_nf4_bytes": whole_nf4["total_bytes"],
             "footprint_nf4_parts": whole_nf4, "get_memory_footprint_nf4_bytes": model.get_memory_footprint()}
 

@@ -122,6 +122,23 @@ def test_running_out_of_memory_is_a_row_not_a_crash(tmp_path):
     assert s.skip_reason("eager pipeline") == ""  # smoke: every part runs
 
 
+def test_an_oom_row_carries_the_failed_parts_own_peak(tmp_path, monkeypatch):
+    """Planted CUDA counters: the guard resets the peak as the part starts, so an earlier part's larger peak is not
+    reported as this one's."""
+    from helpers import session
+
+    s = session.start("08_cpu_offload", PROFILE="smoke", DTYPE="fp32", RESULTS_DIR=str(tmp_path))
+    state = {"peak": 30 * 2**30}  # an earlier part peaked at 30 GiB
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    with s.guard("model CPU offload") as g:
+        state["peak"] = max(state["peak"], 22 * 2**30)  # this part reached 22 GiB, then asked for more
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert g.row.peak_memory_bytes == 22 * 2**30
+
+
 @pytest.mark.parametrize(("gib", "profile", "skipped"), [
     (24, "smoke", None), (48, "full", {"qwen-image", "flux2-dev"}), (64, "full", {"flux2-dev"}), (80, "full", set()),
 ])

@@ -130,3 +130,12 @@ def test_the_cards_dtype_line_fits_the_table_whole(tmp_path):
     glance, full = s.card_table().loc["dtype", "value"], s.card_table(full=True).loc["dtype", "value"]
     assert len(glance) <= 200 and glance.endswith("x") and full == s.run.dtype_reason
     assert s.run.dtype_reason in s.card_table(full=True)._repr_html_(), "the displayed table shows the reason uncut"
+
+
+def test_an_empty_grid_says_why_instead_of_crashing(tmp_path, capsys):
+    """Planted: 08 on a small card, eager skipped and model offload's first image out of memory: no image at all."""
+    s = _session(tmp_path)
+    got = s.gallery.show([], [PROMPT], ", same seed", labels=[])
+    assert got == {"judged": False, "rows": []}
+    assert "same seed: no image to show" in capsys.readouterr().out
+    assert gallery.claim(s.writer) is None

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import offload, pipelines, quantize
+from helpers import offload, params, pipelines, quantize
 
 
 @pytest.fixture(scope="module")
@@ -509,3 +509,46 @@ def test_free_pipeline_drops_the_scales_a_linear4bit_keeps_on_itself():
     assert layer.quant_state is not None and layer.weight.quant_state is not None
     offload.free_pipeline(torch.nn.Sequential(layer))
     assert layer.quant_state is None and layer.weight.quant_state is None and layer.weight.numel() == 0
+
+
+def test_the_format_error_is_computed_on_the_device_asked(monkeypatch):
+    """09 keeps its bf16 reference in CPU memory on a small card: the format's error is computed on the NF4 model's
+    GPU, one weight at a time, not for minutes on the CPU. Planted: Tensor.to records where each weight goes."""
+    weights = [torch.randn(64, 32), torch.randn(32, 64)]
+    plain = quantize.nf4_format_error(weights)
+    moved, to = [], torch.Tensor.to
+
+    def spy(self, *args, **kwargs):
+        moved.append((tuple(self.shape), str(args[0]) if args else str(kwargs.get("device"))))
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    assert quantize.nf4_format_error(weights, device="cpu") == pytest.approx(plain, rel=1e-6)
+    assert [m for m in moved if m[0] in ((64, 32), (32, 64))] == [((64, 32), "cpu"), ((32, 64), "cpu")]
+
+
+def test_free_pipeline_drops_group_offloads_pinned_copies():
+    """With a stream, group offload keeps each weight's pinned CPU copy in its group's cpu_param_dict, out of reach of
+    the parameters: emptying the parameters alone left them (tens of GiB of page-locked memory for Flux-1-Dev).
+    Planted: the CPU refuses a stream, so the dict is filled as a stream would fill it."""
+    from diffusers.hooks import apply_group_offloading
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    apply_group_offloading(model, onload_device=torch.device("cpu"), offload_type="block_level", num_blocks_per_group=1)
+    groups = [h.group for m in model.modules() for h in getattr(getattr(m, "_diffusers_hook", None), "hooks",
+                                                                  {}).values() if hasattr(h, "group")]
+    assert groups
+    for g in groups:
+        g.cpu_param_dict = {p: p.data.clone() for p in model.parameters()}
+    offload.free_pipeline(model)
+    assert all(not g.cpu_param_dict for g in groups)
+
+
+def test_blocks_per_group_above_one_needs_the_stream_off():
+    """diffusers resets a streamed group to one block (with a log line only), so 08 would time another setting than
+    the one asked for, and its count of weights at once would not match the hooks: refused up front instead."""
+    assert offload.check_blocks_per_group(1, True) == 1 and offload.check_blocks_per_group(3, False) == 3
+    with pytest.raises(params.ParameterError, match="BLOCKS_PER_GROUP=2 with USE_STREAM=True.*USE_STREAM=False"):
+        offload.check_blocks_per_group(2, True)
+    with pytest.raises(params.ParameterError, match="BLOCKS_PER_GROUP"):
+        offload.check_blocks_per_group(0, False)
