@@ -77,7 +77,8 @@ class Gallery:
         if any(len(r) != len(prompts) for r in rows):
             raise ValueError(f"show({title!r}): {len(prompts)} prompts but rows of {[len(r) for r in rows]} images")
         labels = list(labels) if labels else [""] * len(rows)
-        _display(quality.image_grid(rows, labels if any(labels) else None, size=size))
+        heads = [str(d) if (d := digit_in(p)) is not None else p[:12] for p in prompts] if len(prompts) > 1 else None
+        _display(quality.image_grid(rows, labels if any(labels) else None, size=size, columns=heads))
         why = self.why_not_judged(prompts)
         judged: list[dict[str, Any]] = []
         if not why:

@@ -356,20 +356,24 @@ def _to_pil(image: ImageLike, size: int) -> Image.Image:
 
 
 def image_grid(rows: Sequence[Images], labels: Sequence[str] | None = None, *, size: int = 128,
-               pad: int = 4) -> Image.Image:
+               pad: int = 4, columns: Sequence[str] | None = None) -> Image.Image:
     """Rows of images side by side (e.g. reference row, lever row: same seeds and prompts) as one PIL image.
 
-    labels, one per row, are written at the left of each row."""
+    labels, one per row, are written at the left of each row; columns, one per column, above it."""
     from PIL import ImageDraw, ImageFont
 
     rows = [list(as_batch(r)) if isinstance(r, torch.Tensor) else list(r) for r in rows]
     font = ImageFont.load_default(size=14)  # Pillow's scalable default: its 10 px bitmap font drops the spaces
     label_w = 0 if not labels else 12 + int(max(font.getlength(s) for s in labels))
+    head = 0 if not columns else 20
     cols = max(len(r) for r in rows)
-    grid = Image.new("RGB", (label_w + cols * (size + pad) + pad, len(rows) * (size + pad) + pad), "white")
+    grid = Image.new("RGB", (label_w + cols * (size + pad) + pad, head + len(rows) * (size + pad) + pad), "white")
     draw = ImageDraw.Draw(grid)
+    for j, title in enumerate(columns or []):
+        x = label_w + pad + j * (size + pad) + (size - font.getlength(title)) / 2
+        draw.text((x, pad), title, fill="black", font=font)
     for i, row in enumerate(rows):
-        y = pad + i * (size + pad)
+        y = head + pad + i * (size + pad)
         if labels:
             draw.text((4, y + size // 2 - 8), labels[i], fill="black", font=font)
         for j, image in enumerate(row):

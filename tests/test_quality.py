@@ -5,6 +5,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -91,6 +92,10 @@ def test_image_grid_lays_out_rows(digits):
                               size=32, pad=2)
     assert isinstance(grid, Image.Image)
     assert grid.height == 2 * 34 + 2 and grid.width > 3 * 34
+    headed = quality.image_grid([images[:3]], ["ref"], size=32, pad=2, columns=["0", "1", "2"])
+    assert headed.height == 20 + 34 + 2  # a strip above for the column titles
+    strip = np.asarray(headed.convert("L"))[:20]
+    assert (strip < 128).any(), "the column titles are drawn"
 
 
 def test_random_weights_cannot_be_judged():
