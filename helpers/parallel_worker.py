@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 import pickle
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +40,20 @@ def geometry_of(pipe: Any, inputs: dict[str, Any], dtype: torch.dtype) -> parall
                                   text_tokens=inputs["encoder_hidden_states"].shape[1], dtype=dtype)
 
 
-def prepare(run: Any, text_tokens: int, device: torch.device, *, keep_copy: bool = True
-            ) -> tuple[Any, dict[str, Any], torch.nn.Module | None, parallel.Geometry]:
-    """The seeded pipeline on device, the first step's denoiser inputs, an untouched copy of its denoiser (to split;
-    None unless keep_copy) and its Geometry."""
+def prepare(run: Any, text_tokens: int, device: torch.device
+            ) -> tuple[Any, dict[str, Any], parallel.Geometry]:
+    """The seeded pipeline on device, the first step's denoiser inputs and its denoiser's Geometry."""
     pipe = pipelines.build_pipeline(run.model, run.profile, weights=run.weights, dtype=run.dtype, device=device,
                                     seed=run.seed)
     inputs = step_inputs(pipe, run, text_tokens)
-    pristine = copy.deepcopy(pipelines.denoiser(pipe)) if keep_copy else None
-    return pipe, inputs, pristine, geometry_of(pipe, inputs, run.dtype)
+    return pipe, inputs, geometry_of(pipe, inputs, run.dtype)
+
+
+def split_copies(denoiser: torch.nn.Module, strategies: list[str]) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(strategy, the model to split) for each strategy: a fresh copy for each but the last, which gets the denoiser
+    itself (enable_parallelism may be called once per model; on an 80 GB GPU Flux-1-Dev has room for one copy)."""
+    for i, strategy in enumerate(strategies):
+        yield strategy, copy.deepcopy(denoiser) if i < len(strategies) - 1 else denoiser
 
 
 def shape_fields(g: parallel.Geometry, world_size: int, backend: str) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def main(argv: list[str]) -> int:
         writer = ResultWriter(run, job["card"])
         writer.run_id = job["run_id"]  # the notebook's run: its own rows and these read back together
     s = run.settings
-    pipe, inputs, pristine, geometry = prepare(run, job["text_tokens"], device)
+    pipe, inputs, geometry = prepare(run, job["text_tokens"], device)
     single = workloads.denoiser_call(pipe, inputs)
     reference = workloads.first_output(single())
     shape = shape_fields(geometry, degree, dist.get_backend())
@@ -99,8 +106,7 @@ def main(argv: list[str]) -> int:
         record_single_step(writer, single, device, shape)
     dist.barrier()
 
-    for strategy in job["strategies"]:
-        net = copy.deepcopy(pristine)  # enable_parallelism may be called once per model
+    for strategy, net in split_copies(pipelines.denoiser(pipe), job["strategies"]):
         with parallel.cpu_device_count_shim() as device_shim:
             split_transformer(net, strategy, degree)
         with parallel.cpu_lse_attention() if strategy == "ring" and not run.is_cuda else contextlib.nullcontext("") as lse_shim:
@@ -116,6 +122,10 @@ def main(argv: list[str]) -> int:
                           bytes_sent_per_step=count.total, bytes_by_collective=count.sent,
                           calls_by_collective=count.calls, analytic_bytes=expected,
                           shims=[x for x in (device_shim, lse_shim) if x], **shape)
+        del net, step, out  # this strategy's copy goes before the next is made
+        gc.collect()
+        if run.is_cuda:
+            torch.cuda.empty_cache()
         dist.barrier()
     dist.destroy_process_group()
     return 0

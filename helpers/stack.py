@@ -179,6 +179,16 @@ def fp8_refusal() -> str:
     return ""
 
 
+def sdpa_choice(levers: list[str]) -> contextlib.AbstractContextManager[Any]:
+    """The SDPA kernel the levers choose, for AOTInductor's compile: torch.export keeps the attention op but not the
+    kernel diffusers' cuDNN backend picks at call time, so the package would use the default one."""
+    if "cudnn-attention" not in levers:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
+
+
 def aoti_refusal() -> str:
     """Why AOTInductor cannot build a package here ('' when it can): the package is C++ that inductor compiles with
     the compiler its config names (g++ unless CXX or inductor's cpp.cxx says otherwise)."""
@@ -398,11 +408,11 @@ class Ladder:
                             image_tensor_call=lambda: workloads.pipeline_call(pipe, run, output_type="pt")()[0],
                             tolerance=tolerance, **extra)
 
-    def skip(self, name: str, lever: str, reason: str) -> None:
-        """Record a stage the hardware or the model cannot run, with the reason."""
+    def skip(self, name: str, lever: str, reason: str, status: str = "skipped") -> None:
+        """Record a stage the hardware or the model cannot run (or that failed: status='failed'), with the reason."""
         self.skipped[name] = reason
         self.order.append(name)
-        self.writer.record(f"stack: {name}", status="skipped", reason=reason, lever=lever)
+        self.writer.record(f"stack: {name}", status=status, reason=reason, lever=lever)
 
     def table(self, brief: bool = False) -> pd.DataFrame:
         """One line per stage, measured or skipped, in order, with units in the column names; brief=True keeps the

@@ -188,3 +188,15 @@ def test_published_split_line():
                     "comparison); published: 1.60x (4.3 s -> 2.68 s per image on 2x H100 with torch.compile) "
                     f"({parallel.XDIT_SOURCE})")
     assert "no published figure" in parallel.published_split_line("ring", 8, None, 0.01, "cpu", "smoke")
+
+
+def test_each_strategy_splits_a_copy_but_the_last_splits_the_model_itself():
+    """13's worker on several 80 GB GPUs: a copy per strategy beside the pipeline's own denoiser ran Flux-1-Dev out of
+    memory (31 GiB of pipeline + two 22 GiB copies); now one spare copy at most, none for the last strategy."""
+    from helpers import parallel_worker
+
+    model = torch.nn.Linear(4, 4)
+    got = list(parallel_worker.split_copies(model, ["ulysses", "ring"]))
+    assert [s for s, _ in got] == ["ulysses", "ring"]
+    assert got[0][1] is not model and torch.equal(got[0][1].weight, model.weight) and got[1][1] is model
+    assert list(parallel_worker.split_copies(model, ["ring"]))[0][1] is model
