@@ -55,7 +55,9 @@ def hooks_in_repeated_blocks(model: torch.nn.Module) -> int:
 def describe_error(err: BaseException) -> str:
     """'ExceptionType: first line of the message', short enough for a result row."""
     text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0][:300] if text else ''}"
+    line = text.splitlines()[0] if text else ""
+    cut = line[:300] + (" …" if len(line) > 300 or line.endswith(":") else "")  # a line that goes on says so
+    return f"{type(err).__name__}: {cut}"
 
 
 def error_of(fn: Callable[[], Any]) -> str:
@@ -423,7 +425,7 @@ class ModeChecks:
         hooks = hook_summary(pipe)
         count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
         print(f"{scenario or mode + ' offload'}: {count} hooks; " + (
-            f"did not run here: {run_error[:90]}" if run_error else "ran; no reference to compare its latents with"
+            f"did not run here: {run_error.split(' - ')[0][:90]} …" if run_error else "ran; no reference to compare its latents with"
             if self.reference is None else f"latents against no offload's: relative L2 {drift:.3g}"))
         return run_error, drift
 

@@ -284,7 +284,7 @@ def headline(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
     published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
     published = f"published: {_fmt(pval, c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
     ours = project_figure(comparison_id, reference_dir, results_dir)
-    return f"{ours}; {published}" if ours else f"{published}; not yet measured by this project on a GPU"
+    return f"{ours}; {published}" if ours else f"{published}; not yet measured on a GPU by notebook {c.notebook[:2]}"
 
 
 def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,

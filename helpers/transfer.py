@@ -770,7 +770,8 @@ def row_fields(cell: Cell) -> dict[str, Any]:
               if isinstance(m.get(k), (int, float))}
     if isinstance(m.get("recompiles", m.get("swap_recompiles")), int):
         lifted["recompiles"] = m.get("recompiles", m.get("swap_recompiles"))
-    reason = (cell.message or cell.figure) if skipped or cell.outcome == "fails" else ""
+    why = cell.message or cell.figure
+    reason = why if skipped else f"the lever fails here (a measured outcome): {why}" if cell.outcome == "fails" else ""
     return {"status": "skipped" if skipped else "ok", "reason": reason,
             "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "figure": cell.figure,
             "message": cell.message, "text": cell.text(), "measured": json.loads(json.dumps(m, default=str)),

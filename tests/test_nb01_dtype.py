@@ -78,7 +78,7 @@ def _check(nb, model):
     # the CPU speed is one line beside the published GPU figure
     line = next(ln for ln in nb.text().splitlines() if "this run (cpu, smoke profile)" in ln)
     assert "tiny model: no comparison" in line and "diffusion-fast" in line  # Flux: SDXL's, the nearest published
-    assert model == "sdxl" or "no fp32 figure for Flux-1-Dev" in line
+    assert model == "sdxl" or "no fp32 figure is published for Flux-1-Dev" in line
     suffix = "" if model == "flux-dev" else f".{model}"  # an SDXL run keeps the Flux run's figures
     assert (nb.figures_dir / "cpu" / f"01_dtype_latency_per_dtype{suffix}.png").stat().st_size > 1000
     assert (nb.figures_dir / "cpu" / f"01_dtype_drift_per_dtype{suffix}.png").stat().st_size > 1000

@@ -37,6 +37,9 @@ def test_error_helpers():
     assert offload.error_of(lambda: None) == ""
     assert offload.error_of(lambda: int("x")).startswith("ValueError: invalid literal")
     assert offload.describe_error(RuntimeError("first\nsecond")) == "RuntimeError: first"
+    assert offload.describe_error(TypeError("got (Tensor), but expected one of:\n * (int)")) == (
+        "TypeError: got (Tensor), but expected one of: …")  # a line that goes on says so
+    assert offload.describe_error(ValueError("x" * 400)).endswith("x …")
     reason = offload.no_accelerator_reason("sequential")
     assert reason.startswith("sequential offload") and "no CUDA GPU" in reason
 

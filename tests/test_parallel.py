@@ -199,4 +199,4 @@ def test_each_strategy_splits_a_copy_but_the_last_splits_the_model_itself():
     got = list(parallel_worker.split_copies(model, ["ulysses", "ring"]))
     assert [s for s, _ in got] == ["ulysses", "ring"]
     assert got[0][1] is not model and torch.equal(got[0][1].weight, model.weight) and got[1][1] is model
-    assert list(parallel_worker.split_copies(model, ["ring"]))[0][1] is model
+    assert next(parallel_worker.split_copies(model, ["ring"]))[1] is model

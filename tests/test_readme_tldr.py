@@ -20,6 +20,6 @@ def test_the_tldr_follows_the_rows(tmp_path):
     assert "measured by this project:" in committed  # the H200 rows of 00, 03 and 04 are committed
     without_rows = report.readme_tldr(results_dir=tmp_path)  # a planted empty results folder: no GPU figure
     assert "measured by this project:" not in without_rows
-    assert without_rows.count("not yet measured by this project on a GPU") == len(report.TLDR_LINES)
+    assert without_rows.count("not yet measured on a GPU by notebook ") == len(report.TLDR_LINES)
     readme = f"x\n{report.TLDR_MARKERS[0]}\n{committed}\n{report.TLDR_MARKERS[1]}\ny"
     assert _region(report.replace_readme_region(readme, without_rows, report.TLDR_MARKERS)) == without_rows
