@@ -183,7 +183,8 @@ def _empty(tensor: torch.Tensor) -> None:
 
 def free_pipeline(*parts: Any) -> int:
     """Free pipelines or modules for good: drop compiled graphs, empty every tensor they hold (group offload's pinned
-    copies too), collect garbage and empty the CUDA caches; return the CUDA bytes still allocated afterwards (0 without CUDA).
+    copies too), collect garbage and empty the CUDA caches; return the CUDA bytes still allocated afterwards (0
+    without CUDA).
 
     Emptying the tensors in place frees them even where a closure or a hook still refers to the module, so the
     next peak-memory measurement does not count them; the parts are unusable afterwards."""
@@ -198,10 +199,8 @@ def free_pipeline(*parts: Any) -> int:
             for layer in module.modules():  # bitsandbytes' Linear4bit keeps its weight's scales on itself too
                 if getattr(layer, "quant_state", None) is not None:
                     layer.quant_state = None
-                for hook in getattr(getattr(layer, "_diffusers_hook", None), "hooks", {}).values():
-                    pinned = getattr(getattr(hook, "group", None), "cpu_param_dict", None)
-                    if pinned:  # group offload with a stream: the pinned CPU copies its groups onload from
-                        pinned.clear()
+            for group in _group_offload_groups(module):  # with a stream: the pinned CPU copies it onloads from
+                group.cpu_param_dict.clear()
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
