@@ -60,6 +60,11 @@ def describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {cut}"
 
 
+def _cut(text: str, limit: int) -> str:
+    """text, or its first limit - 1 characters and an ellipsis when it is longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def error_of(fn: Callable[[], Any]) -> str:
     """Call fn; return '' when it succeeds, else describe_error of what it raised."""
     try:
@@ -416,15 +421,18 @@ class ModeChecks:
         self.info.setdefault(mode, {})["latents"] = latents
         finite = latents is not None and bool(latents.isfinite().all())
         status = "failed" if run_error else "skipped" if self.reference is None else "ok"
+        known = mode == "sequential" and not scenario and not self.run.is_cuda  # diffusers' cpu:0 (Going deeper)
+        cause = "as expected on a CPU, where diffusers turns the device into cpu:0 (Going deeper: why, and a stand-in)"
         self.rows.record(scenario or f"{mode} offload: parity", status=status,
-                         reason=f"the offloaded pipeline did not run: {run_error}" if run_error else
+                         reason=f"the offloaded pipeline did not run{', ' + cause if known else ''}: {run_error}"
+                         if run_error else
                          f"ran; not compared: no reference: {self.no_reference}" if self.reference is None else "",
                          offload_mode=mode, execution_device=str(pipe._execution_device), run_error=run_error,
                          drift_vs_no_offload=drift, latents_finite=finite, **extra)
         hooks = hook_summary(pipe)
         count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
         print(f"{scenario or mode + ' offload'}: {count} hooks; " + (
-            f"did not run here: {run_error.split(' - ')[0][:90]} …" if run_error else "ran; no reference to compare its latents with"
+            f"did not run here{', ' + cause if known else ''}: {_cut(run_error.split(' - ')[0], 90)}" if run_error else "ran; no reference to compare its latents with"
             if self.reference is None else f"latents against no offload's: relative L2 {drift:.3g}"))
         return run_error, drift
 
