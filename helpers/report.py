@@ -225,7 +225,8 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
     if c.kind not in ("absolute", "factor"):
         base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
         pval = base / pval if c.kind == "speedup" else pval / base
-    what = {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(c.kind, c.published_metric.replace("_", " "))
+    what = c.get("label") or {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(
+        c.kind, c.published_metric.replace("_", " "))  # what is compared, in words (comparisons.csv's label)
     mine = ("not measured" if measured is None else measure.human_speedup(measured) if c.kind == "speedup"
             else _fmt(measured, c.kind, c.measured_field))
     if profile != "full":
@@ -261,7 +262,8 @@ def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR
     phrases = []
     for t in table.to_dict("records"):
         day = str(full.loc[full["hardware"] == t["hardware"], "timestamp"].max())[:10]
-        gap = f" ({t['why the gap']})" if t["why the gap"] else ""
+        why = t["why the gap"]  # a paragraph, given in notebook 11's table
+        gap = "" if not why else f" ({why})" if why == GAP_UNEXPLAINED else " (why: notebook 11)"
         verdict = f"{t['verdict']} of the published figure" if t["verdict"].startswith("within") else t["verdict"]
         phrases.append(f"{t['measured']} on {t['hardware']} ({day}), {verdict}{gap}")
     return ("measured by this project: " + "; ".join(phrases)) if phrases else ""
@@ -285,6 +287,20 @@ def headline(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
     published = f"published: {_fmt(pval, c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
     ours = project_figure(comparison_id, reference_dir, results_dir)
     return f"{ours}; {published}" if ours else f"{published}; not yet measured on a GPU by notebook {c.notebook[:2]}"
+
+
+def label(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR) -> str:
+    """What a comparison compares, in words (comparisons.csv's label column)."""
+    comps = comparisons(reference_dir)
+    hit = comps[comps["id"] == comparison_id]
+    if len(hit) != 1:
+        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
+    return str(hit.iloc[0]["label"])
+
+
+def tldr(comparison_id: str) -> str:
+    """A notebook's TL;DR line: 'TL;DR, <what is compared>: <headline>'."""
+    return f"TL;DR, {label(comparison_id)}: {headline(comparison_id)}"
 
 
 def published_beside(what: str, measured: str, hardware: str, profile: str, scenario: str | None,

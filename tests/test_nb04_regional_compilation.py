@@ -105,7 +105,8 @@ def test_regional_compilation_rows(tmp_path):
     assert "not measured" in text and "regional / full steady step:" in text and "largest part:" in text
     phrase = compile_tools.speed_phrase(1 / ratios["regional_over_full_steady_step"], "the full one")
     assert f"so the regional step was {phrase} on this run" in text
-    for what in ("ratio: this run (cpu, smoke profile) " + f"{ratios['full_cold_over_regional_cold']:.2f}x",
+    for what in ("full / regional compile, cold first call: this run (cpu, smoke profile) "
+                 + f"{ratios['full_cold_over_regional_cold']:.2f}x",
                  "published: 7.02x for flux-dev on H100 (hands-on-guide)", "published: 4.00x", "published: 1.00x"):
         assert what in text, what
     # the image of pipe(prompt=...) is shown through s.show: random weights, so not judged, and said to be noise
@@ -115,8 +116,8 @@ def test_regional_compilation_rows(tmp_path):
     # the TL;DR and section 3: the committed H200 run's figures and numbers, beside the published ones
     for name in ("compile_latency", "steady_speedup"):
         assert f"figures/h200/04_regional_compilation_{name}.png" in text, name
-    assert "TL;DR, full / regional cold compile: measured by this project: " in text
-    assert "regional-warm-start-ratio: measured by this project: " in text
+    assert "TL;DR, full / regional compile, cold first call: measured by this project: " in text
+    assert "regional compile, cold / warm first call: measured by this project: " in text
     # the CPU profile split names no GPU
     assert "rest: Python between them" in text and "waiting for the GPU" not in text
     claims = nb.checks()

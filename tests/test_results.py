@@ -296,8 +296,8 @@ def test_published_line_sets_this_run_beside_the_published_figure(tmp_path):
     from helpers import report
 
     line = report.published_line("eager-latency", 0.5, "cpu", "smoke", results_dir=tmp_path)  # no GPU rows there
-    assert line == ("latency: this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: 6.70 s "
-                    "for flux-dev on H100 (hands-on-guide)")
+    assert line == ("eager bf16 image (s): this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: "
+                    "6.70 s for flux-dev on H100 (hands-on-guide)")  # the comparison named in words, then the figures
     assert "published: 1.49x" in report.published_line("compile-speedup", 1.2, "cpu", "smoke")  # 6.7 / 4.5
     assert "this run (cpu, smoke profile) not measured (" in report.published_line("compile-speedup", None, "cpu",
                                                                                    "smoke")  # not a bare dash
@@ -380,7 +380,7 @@ def test_a_gap_outside_the_band_reads_unexplained_until_a_cause_is_recorded(tmp_
     assert row["why the gap"] == "a cause"
     assert "compile-speedup on h200" not in report.unexplained_gaps(
         report.compare(rows, "03_torch_compile", results_dir=tmp_path))
-    assert "worse than published (a cause)" in report.project_figure("compile-speedup", results_dir=tmp_path)
+    assert "worse than published (why: notebook 11)" in report.project_figure("compile-speedup", results_dir=tmp_path)
     _gpu_03_rows(tmp_path, 1.45)  # inside the band: no cause is shown, recorded or not
     rows = results.read_rows(tmp_path)
     assert report.compare(rows, "03_torch_compile", results_dir=tmp_path).set_index("comparison").loc[
@@ -447,3 +447,16 @@ def test_readable_shows_counts_as_integers_and_rounds_the_rest():
     assert list(shown["ms"]) == ["29.99", "0.1235"] and list(shown["error"]) == ["8.59e-07", "0"]
     assert list(shown["name"]) == ["a", "—"]
     assert results.readable(pd.DataFrame({"x": [float("inf"), 1e20]}))["x"].tolist() == ["inf", "1e+20"]
+
+
+def test_every_comparison_is_named_in_words_and_the_tldr_line_leads_with_it():
+    from helpers import report
+
+    comps = report.comparisons()
+    assert comps["label"].str.len().gt(5).all() and comps["label"].is_unique  # a line says what it compares
+    assert report.label("compile-speedup") == "compiled over eager, whole image"
+    assert report.tldr("compile-speedup").startswith("TL;DR, compiled over eager, whole image: ")
+    assert report.published_line("compile-speedup", 1.2, "cpu", "smoke").startswith(
+        "compiled over eager, whole image: this run (cpu, smoke profile) 1.20x")
+    with pytest.raises(KeyError, match="no-such-id"):
+        report.label("no-such-id")
