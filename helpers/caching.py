@@ -172,15 +172,18 @@ def skipped_steps(counts: Counts) -> int:
 
 def judge(batch: torch.Tensor, reference: torch.Tensor, *, images_judgeable: bool, digits: bool) -> dict[str, float]:
     """Quality of a batch against the reference batch of the same prompts and seed: relative L2 distance always; PSNR
-    and SSIM where the weights draw images (not random ones); recognized share of 0-9 and Frechet distance where the
-    batch is the ten digits of the trained smoke model."""
+    and SSIM where the weights draw images (not random ones); where the batch is the ten digits of the trained smoke
+    model, the share recognized as 0-9, the share the classifier reads as the reference's digit (same_digit: a digit
+    near the judge's confidence limit can flip on a tiny change) and the Frechet distance."""
     from helpers import compile_tools, quality
 
     out = {"distance": compile_tools.relative_error(batch, reference)}
     if images_judgeable:
         out |= {"psnr_db": quality.psnr(batch, reference), "ssim": quality.ssim(batch, reference)}
     if digits:
-        out |= {"recognized": quality.recognized(batch, range(10)), "frechet": quality.frechet_distance(batch)}
+        out |= {"recognized": quality.recognized(batch, range(10)),
+                "same_digit": float((quality.predict(batch) == quality.predict(reference)).float().mean()),
+                "frechet": quality.frechet_distance(batch)}
     return out
 
 

@@ -86,8 +86,9 @@ class Gallery:
             for label, row in zip(labels, rows, strict=True):
                 reads = quality.read(row)
                 share = sum(r.is_digit and r.digit == d for r, d in zip(reads, digits, strict=True)) / len(row)
+                missed = [f"the {d} ({r})" for r, d in zip(reads, digits, strict=True) if not (r.is_digit and r.digit == d)]
                 judged.append({"label": label, "share": share, "floor": floor, "holds": share >= floor,
-                               "reads": [str(r) for r in reads]})
+                               "reads": [str(r) for r in reads], "missed": missed})
             print(self._caption(judged, digits, single))
             if not self._edge_noted:  # once a run, at its first judged image
                 print(EDGE_NOTE)
@@ -101,13 +102,13 @@ class Gallery:
     def _caption(judged: list[dict[str, Any]], digits: list[int | None], single: bool) -> str:
         """One line per row: what the judge read, against what was asked."""
         lim = quality.limits()
+        rule = (f"a read counts at confidence >= {lim['confidence_floor']:.2f} and within {lim['distance_ceiling']:.2f} "
+                "of a real digit (8x8 pixels), limits set on held-out real digits")
         if single:
-            return (f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]} (a read counts with confidence >= "
-                    f"{lim['confidence_floor']} and distance <= {lim['distance_ceiling']} from real handwritten digits)")
+            return f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]} ({rule})"
         return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * len(digits))} of {len(digits)} read as their "
-                         f"prompt's digit (floor {j['floor']:.0%})" for j in judged) + (
-            f"  [a read counts with confidence >= {lim['confidence_floor']} and distance <= "
-            f"{lim['distance_ceiling']}, limits chosen from held-out real digits]")
+                         f"prompt's digit (floor {j['floor']:.0%})"
+                         + (f"; missed: {', '.join(j['missed'])}" if j["missed"] else "") for j in judged) + f"  [{rule}]"
 
     def show_committed(self, name: str, caption: str = "") -> list[Path]:
         """Display each figure `<notebook>_<name>.png` a GPU run committed under figures/<hardware>/, naming the

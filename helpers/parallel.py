@@ -309,6 +309,16 @@ def xdit_scenario(strategy: str, n: int) -> str:
 
 # Notebook 03's compiled Flux step, in order of preference: inductor's defaults, then the precision-cast emulation.
 NB03_STEPS = ["denoiser step compiled (default, no precision-cast emulation)", "denoiser step compiled (default)"]
+NB03_IMAGES = ["pipeline compiled (default, no precision-cast emulation)", "pipeline compiled (default)"]  # the same
+
+
+def _nb03_h100(results_dir: Path) -> pd.DataFrame:
+    """Notebook 03's ok full-profile Flux rows on an H100, or an empty frame."""
+    nb03 = results.read_rows(results_dir, notebook="03_torch_compile")
+    if nb03.empty:
+        return nb03
+    return nb03[nb03["hardware"].str.startswith("h100") & (nb03["profile"] == "full") & (nb03["status"] == "ok")
+                & (nb03["model"] == "flux-dev")]
 
 
 def model_step_s(results_dir: Path, own: pd.DataFrame, steps: int = 28) -> tuple[float, str]:
@@ -316,10 +326,9 @@ def model_step_s(results_dir: Path, own: pd.DataFrame, steps: int = 28) -> tuple
 
     In order: notebook 03's compiled denoiser step on an H100 (full profile); this notebook's own single-GPU step on
     the full profile; else xDiT's published one-H100 torch.compile latency divided by its 28 steps."""
-    nb03 = results.read_rows(results_dir, notebook="03_torch_compile")
+    nb03 = _nb03_h100(results_dir)
     if not nb03.empty:
-        hit = nb03[nb03["hardware"].str.startswith("h100") & (nb03["profile"] == "full") & (nb03["status"] == "ok")
-                   & (nb03["model"] == "flux-dev") & nb03["scenario"].isin(NB03_STEPS)]
+        hit = nb03[nb03["scenario"].isin(NB03_STEPS)]
         if not hit.empty:  # the unemulated compile (what the recipe gives a user) where the run has it
             r = hit.assign(rank=hit["scenario"].map(NB03_STEPS.index)).sort_values("rank", kind="stable").iloc[0]
             return float(r["latency_median_s"]), f"measured: notebook 03, compiled denoiser step on {r['hardware']}"
@@ -334,20 +343,36 @@ def model_step_s(results_dir: Path, own: pd.DataFrame, steps: int = 28) -> tuple
                            f"torch.compile, / {steps} (no H100 rows of notebook 03 under data/results yet)")
 
 
-def scaling_table(t1_s: float, g: Geometry, strategies: list[str], steps: int = 28,
+def model_unsplit_s(results_dir: Path, steps: int = 28) -> tuple[float, str]:
+    """The part of one GPU's image that no split shortens (text encoders, VAE, scheduler), and where it comes from:
+    notebook 03's compiled image on an H100 less steps times its compiled step, both of the run model_step_s reads;
+    0 where no such pair is committed (the prediction then counts the steps alone, and says so)."""
+    nb03 = _nb03_h100(results_dir)
+    for step_name, image_name in zip(NB03_STEPS, NB03_IMAGES, strict=True):
+        step, image = nb03[nb03["scenario"] == step_name], nb03[nb03["scenario"] == image_name]
+        if len(step) and len(image):
+            t1, whole = float(step["latency_median_s"].iloc[0]), float(image["latency_median_s"].iloc[0])
+            return whole - steps * t1, (f"measured: notebook 03's compiled image on {image['hardware'].iloc[0]}, "
+                                        f"{whole:.2f} s, less {steps} of its {t1 * 1e3:.1f} ms steps")
+    return 0.0, "not measured (no H100 image of notebook 03): the prediction counts the denoiser steps alone"
+
+
+def scaling_table(t1_s: float, g: Geometry, strategies: list[str], steps: int = 28, unsplit_s: float = 0.0,
                   gpus: tuple[int, ...] = SCALING_GPUS, bandwidth: float = NVLINK_H100_BYTES_PER_S) -> pd.DataFrame:
-    """The model's prediction per strategy and GPU count, beside xDiT's published 4x/2x H100 figures (per image)."""
+    """The model's prediction per strategy and GPU count, beside xDiT's published 4x/2x H100 figures (per image:
+    unsplit_s, the part no split shortens, plus steps predicted steps)."""
     out = []
     for n in gpus:
         for strategy in strategies:
             sent = analytic_bytes(strategy, g, n)["total"]
             step = predicted_step_s(t1_s, sent, n, bandwidth)
             xdit = published(XDIT_SOURCE, xdit_scenario(strategy, n))
+            image = unsplit_s + step * steps
             out.append({"GPUs": n, "strategy": strategy, "sent per rank per step (MB)": sent / 1e6,
                         "communication per step (ms)": sent / bandwidth * 1e3, "predicted step (ms)": step * 1e3,
-                        f"predicted image, {steps} steps (s)": step * steps,
+                        f"predicted image (s): unsplit part + {steps} steps": image,
                         "xDiT published image (s)": xdit,
-                        "predicted / published": None if xdit is None else step * steps / xdit})
+                        "predicted / published": None if xdit is None else image / xdit})
     return pd.DataFrame(out)
 
 
@@ -423,21 +448,24 @@ def split_summary(fields: dict[str, Any], on_paper: int) -> dict[str, Any]:
 
 
 def record_scaling(writer: results.ResultWriter, table: pd.DataFrame, t1_s: float, t1_source: str,
-                   g: Geometry) -> None:
+                   g: Geometry, unsplit_s: float = 0.0, unsplit_source: str = "") -> None:
     """Record each prediction of a scaling_table as a row 'scaling model: <strategy>-<N> H100'."""
     for _, r in table.iterrows():
         n = int(r["GPUs"])
         writer.record(f"scaling model: {r['strategy']}-{n} H100", strategy=r["strategy"], degree=n,
                       predicted_step_s=r["predicted step (ms)"] / 1e3, t1_s=t1_s, t1_source=t1_source,
+                      unsplit_s=unsplit_s, unsplit_source=unsplit_source,
                       sent_per_rank_per_step_bytes=analytic_bytes(r["strategy"], g, n)["total"],
                       bandwidth_bytes_per_s=NVLINK_H100_BYTES_PER_S)
 
 
-def scaling_shown(table: pd.DataFrame, t1_s: float) -> pd.DataFrame:
-    """A scaling_table for reading: the predicted speedup over t1 beside xDiT's published one (its 1-GPU image time
-    over its N-GPU one), in place of the predicted/published ratio."""
+def scaling_shown(table: pd.DataFrame, t1_s: float, unsplit_s: float = 0.0, steps: int = 28) -> pd.DataFrame:
+    """A scaling_table for reading: the predicted image speedup (one GPU's image, unsplit_s + steps x t1, over the
+    predicted one) beside xDiT's published one (its 1-GPU image time over its N-GPU one), in place of the
+    predicted/published ratio."""
     xdit_1 = published(XDIT_SOURCE, xdit_scenario("", 1), required=True)
     shown = table.drop(columns="predicted / published")
-    shown["predicted speedup (x)"] = t1_s * 1e3 / shown["predicted step (ms)"]
+    predicted = shown[f"predicted image (s): unsplit part + {steps} steps"]
+    shown["predicted speedup (x)"] = (unsplit_s + steps * t1_s) / predicted
     shown["xDiT published speedup (x)"] = xdit_1 / pd.to_numeric(shown["xDiT published image (s)"])
     return shown

@@ -206,7 +206,8 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
         return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
     if (table["measured"] != "—").any():
         return table
-    return Note(not_measured_line(table) + " Each published figure is printed beside this run's own above.")
+    return Note(f"None of its {len(table)} comparisons is measured on this run ({_reasons(table)}); each published "
+                "figure is printed above, beside this run's own.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
@@ -504,9 +505,13 @@ def not_measured_line(group: pd.DataFrame) -> str:
     left = group[group["measured"] == "—"]
     if left.empty:
         return ""
-    reasons = left["verdict"].value_counts()
-    return (f"{len(left)} of {len(group)} comparisons have no measurement here: "
-            + "; ".join(f"{n} {reason}" for reason, n in reasons.items()) + ".")
+    return f"{len(left)} of {len(group)} comparisons not measured here: {_reasons(group)}."
+
+
+def _reasons(group: pd.DataFrame) -> str:
+    """Why a compare() table's unmeasured comparisons have no measurement: the one reason, or each with its count."""
+    reasons = group.loc[group["measured"] == "—", "verdict"].str.removeprefix("not measured: ").value_counts()
+    return reasons.index[0] if len(reasons) == 1 else "; ".join(f"{reason} ({n})" for reason, n in reasons.items())
 
 
 def verdict_line(group: pd.DataFrame) -> str:

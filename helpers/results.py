@@ -209,12 +209,15 @@ def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str |
 
 
 def rows_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Compact display of rows: scenario, status, latency (s), spread (s), peak memory (MiB or GiB), compile (s)."""
+    """Compact display of rows: scenario, status, latency (s), spread (s, from two samples on), peak memory (MiB or
+    GiB), compile (s), and the reason of a row not ok (a reason said before points at its first row)."""
     if df.empty:
         return df
     out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
     out["latency median (s)"] = df["latency_median_s"]
-    out["spread max-min (s)"] = df["latency_spread_s"]
+    samples = df["latency_samples_s"] if "latency_samples_s" in df else pd.Series([None] * len(df), index=df.index)
+    timed_twice = samples.map(lambda x: isinstance(x, list | tuple) and len(x) > 1)
+    out["spread max-min (s)"] = df["latency_spread_s"].where(timed_twice)  # one sample has no spread to show
     peak = df["peak_memory_bytes"].astype(float)
     unit, scale = ("GiB", 2**30) if peak.max() >= 2**30 else ("MiB", 2**20)  # 3.7 MiB, not 0.003706 GiB
     kinds = sorted(set(df["memory_kind"].dropna())) if "memory_kind" in df else []
@@ -225,7 +228,9 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
         if df[col].notna().any():
             out[col.replace("_", " ")] = df[col]
     if (df["status"] != "ok").any():
-        out["reason"] = df["reason"]
+        first = {}  # a reason repeated word for word reads once, later rows point at it
+        out["reason"] = [None if not r else r if first.setdefault(r, i) == i else f"as row {first[r]}"
+                         for i, r in zip(out.index, df["reason"].fillna(""), strict=True)]
     return out.dropna(axis=1, how="all")
 
 

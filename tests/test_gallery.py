@@ -44,6 +44,7 @@ def test_shown_digit_is_judged_and_claimed(tmp_path, pipe, capsys):
     assert got["judged"] and got["rows"][0]["holds"]
     out = capsys.readouterr().out
     assert "asked for a 7; the judge reads a 7" in out and out.count(gallery.EDGE_NOTE) == 1
+    assert "of a real digit (8x8 pixels)" in out  # what the distance is measured in, said once per line
     s.gallery.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "again")
     assert gallery.EDGE_NOTE not in capsys.readouterr().out, "the edge note is said once a run, not under every image"
     claims = checks.Checks()
@@ -72,6 +73,8 @@ def test_grid_row_below_its_floor_fails(tmp_path, pipe):
     bad = [_draw(pipe, p) for p in prompts]
     got = s.gallery.show([good, bad], prompts, "two rows", labels=["ok", "padded"], floor=0.6)
     assert [r["holds"] for r in got["rows"]] == [True, False]
+    assert got["rows"][0]["missed"] == [] and got["rows"][1]["missed"], got["rows"]  # the caption names the misses
+    assert got["rows"][1]["missed"][0].startswith("the 0 (") and "from the nearest real one" in got["rows"][1]["missed"][0]
     assert not gallery.claim(s.writer)[3]
 
 

@@ -72,8 +72,8 @@ def test_report_on_cpu_rows_only(tmp_path):
     # the README's region: no table of unmeasured comparisons, one line counting them, the full report named
     region = new[new.index(report.README_START):new.index(report.README_END)]
     n = row["comparisons"]
-    assert "### cpu" in region and f"{n} of {n} comparisons have no measurement here: " in region
-    assert "not measured: smoke profile only" in region and "not measured: no rows" in region  # counted by reason
+    assert "### cpu" in region and f"{n} of {n} comparisons not measured here: " in region
+    assert "smoke profile only (tiny models) (" in region and "no rows (" in region  # counted by reason
     assert "| comparison |" not in region and "report.md" in region and "needs CUDA" not in region
     assert (paths.ROOT / "README.md").read_text() == real_readme, "the test rewrote the real README"
     claims = nb.checks()
@@ -119,7 +119,7 @@ def test_report_on_gpu_fixture(tmp_path):
     # listed with its value and no factor; only the comparisons without a value are counted as unmeasured
     no_value = sum(x.startswith("not measured") for x in v.values())
     assert no_value < row["comparisons"] - len(row["factors"])
-    assert f"{no_value} of {row['comparisons']} comparisons have no measurement" in region
+    assert f"{no_value} of {row['comparisons']} comparisons not measured here" in region
     assert "eager-latency-sglang" in listed and v["h100-80gb/eager-latency-sglang"].startswith("not compared")
     assert all(c["holds"] for c in nb.checks().values())
 
@@ -138,13 +138,13 @@ def test_brief_summary_lists_measured_comparisons_and_counts_the_rest():
         {"hardware": "cpu", "comparison": "a", "measured": "—", "measured / published": None,
          "verdict": "not measured: smoke profile only (tiny models)"}])
     assert report.not_measured_line(table[table["hardware"] == "h100"]) == (
-        "2 of 4 comparisons have no measurement here: 2 not measured: no rows.")
+        "2 of 4 comparisons not measured here: no rows.")
     assert report.not_measured_line(table[table["comparison"] == "a"].iloc[:1]) == ""
     text = report.summary_markdown(table, pd.DataFrame(), generated_by="t", brief=True, full_report="r.md")
     assert "| a | 1.53x | 1.02 | within ±15% |" in text and "| b |" not in text and "`r.md`" in text
     assert "| d | 5.10 s | — | not compared" in text  # measured on another GPU class: shown, not divided
     assert "1 of 4 comparisons with published figures measured and compared here; 1 more measured, not compared" in text
-    assert "1 of 1 comparisons have no measurement here: 1 not measured: smoke profile only" in text
+    assert "1 of 1 comparisons not measured here: smoke profile only" in text
     assert report.BRIEF_GUIDE in text and report.READING_GUIDE not in text
     only_cpu = report.summary_markdown(table[table["hardware"] == "cpu"], pd.DataFrame(), generated_by="t",
                                        brief=True)
@@ -201,5 +201,5 @@ def test_verdict_line_counts_the_verdicts_of_one_machine():
         {"comparison": "d", "measured": "—", "measured / published": None, "verdict": "not measured: no rows"}])
     assert report.verdict_line(table) == (
         "2 of 4 comparisons compared: 1 within their band, 1 worse than published; 1 not compared: published on H100, "
-        "measured on h200; 1 of 4 comparisons have no measurement here: 1 not measured: no rows.")
+        "measured on h200; 1 of 4 comparisons not measured here: no rows.")
     assert report.verdict_line(table.iloc[3:]).startswith("0 of 1 comparisons compared; 1 of 1")

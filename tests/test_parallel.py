@@ -121,6 +121,12 @@ def test_scaling_model():
     assert at4.loc["ulysses", "predicted / published"] == pytest.approx(
         28 * parallel.predicted_step_s(0.16, parallel.analytic_bytes("ulysses", FULL, 4)["total"], 4) / 1.63)
     assert table[table["GPUs"] == 8]["xDiT published image (s)"].isna().all()
+    with_rest = parallel.scaling_table(0.16, FULL, ["ulysses"], unsplit_s=0.3).set_index("GPUs")
+    image = "predicted image (s): unsplit part + 28 steps"
+    assert with_rest.loc[4, image] == pytest.approx(0.3 + 28 * with_rest.loc[4, "predicted step (ms)"] / 1e3)
+    shown = parallel.scaling_shown(with_rest.reset_index(), 0.16, unsplit_s=0.3).set_index("GPUs")
+    assert shown.loc[4, "predicted speedup (x)"] == pytest.approx((0.3 + 28 * 0.16) / with_rest.loc[4, image])
+    assert shown.loc[4, "predicted speedup (x)"] < 0.16e3 / with_rest.loc[4, "predicted step (ms)"]  # what stays whole
 
 
 def test_published_is_none_when_absent_unless_required():
@@ -145,6 +151,13 @@ def test_the_scaling_model_starts_from_a_flux_step_of_notebook_03(tmp_path):
                                             ("denoiser step compiled (default, no precision-cast emulation)", 0.15))])
     t1, source = parallel.model_step_s(tmp_path, pd.DataFrame())
     assert t1 == 0.15 and source.startswith("measured: notebook 03"), (t1, source)
+    unsplit, why = parallel.model_unsplit_s(tmp_path)
+    assert unsplit == 0.0 and why.startswith("not measured"), why  # no image rows yet: the steps alone, said so
+    results.append_rows(path, [base | {"model": "flux-dev", "scenario": s, "latency_median_s": v}
+                               for s, v in (("pipeline compiled (default)", 5.0),
+                                            ("pipeline compiled (default, no precision-cast emulation)", 4.5))])
+    unsplit, why = parallel.model_unsplit_s(tmp_path)  # the image of the same compile as t1's step
+    assert unsplit == pytest.approx(4.5 - 28 * 0.15) and "4.50 s, less 28 of its 150.0 ms steps" in why, why
 
 
 def test_cpu_shims_apply_both_stand_ins_and_undo_them():

@@ -100,7 +100,7 @@ def test_a_notebook_shows_its_comparisons_as_one_line_until_one_is_measured():
                            "scenario": "pipeline eager", "status": "ok", "latency_median_s": 1.0}])
     line = report.notebook_comparisons(smoke, "03_torch_compile")
     n = len(report.compare(smoke, "03_torch_compile"))
-    assert isinstance(line, report.Note) and line.startswith(f"{n} of {n} comparisons have no measurement here")
+    assert isinstance(line, report.Note) and line.startswith(f"None of its {n} comparisons is measured on this run (")
     assert "smoke profile only" in line
     measured = report.notebook_comparisons(_compiled_03(1.45), "03_torch_compile")  # a planted full-profile row
     assert isinstance(measured, pd.DataFrame) and measured["measured / published"].notna().any()
@@ -279,6 +279,19 @@ def test_timed_unit_keeps_step_seconds_off_the_image_seconds_axis():
     assert report.timed_unit("denoiser step eager") == report.timed_unit("full step (one process)") == "denoiser step"
     assert report.timed_unit("pipeline eager") == report.timed_unit("pipeline compiled (default)") == "image"
     assert report.timed_unit("stepwise sweep") == "image"  # a word that only begins with 'step' names no step
+
+
+def test_rows_table_shows_a_spread_from_two_samples_and_a_repeated_reason_once():
+    base = {"status": "ok", "latency_median_s": 1.0, "latency_spread_s": 0.0, "peak_memory_bytes": None,
+            "memory_kind": None, "compile_s": None, "recompiles": None, "graph_breaks": None, "reason": ""}
+    why = "no CUDA GPU: nothing to time"
+    table = results.rows_table(pd.DataFrame([
+        base | {"scenario": "one sample", "latency_samples_s": [1.0]},
+        base | {"scenario": "two samples", "latency_samples_s": [1.0, 1.0]},
+        base | {"scenario": "a", "status": "skipped", "latency_median_s": None, "reason": why},
+        base | {"scenario": "b", "status": "skipped", "latency_median_s": None, "reason": why}]))
+    assert table["spread max-min (s)"].isna().tolist() == [True, False, True, True]  # one sample: no spread, not 0
+    assert table["reason"].tolist()[2:] == [why, "as row 2"] and pd.isna(table["reason"].iloc[0])
 
 
 def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
