@@ -1,6 +1,6 @@
 """Does a lever transfer? Apply each lever of the collection to a pipeline's denoiser, measure what happens, and say it
-in one table cell: works (with its figure), works with graph breaks or recompiles, refused here, not run here, or
-fails with the library's message (notebook 16).
+in one table cell: works (with its figure), works with graph breaks or recompiles, works with a change to the user's
+code (the change named), refused here, not run here, or fails with the library's message (notebook 16).
 
 Each probe runs the lever the way a user does (diffusers' and torchao's own calls) on a `Subject` (a pipeline, one
 step's denoiser inputs and its eager output), gathers what it measured, and hands that to a `verdict_*` function,
@@ -33,9 +33,21 @@ LEVERS: tuple[str, ...] = ("compile", "regional compile", "new resolution", *CAC
 # The levers notebook 16 runs in `make test` (tests/test_nb16_does_it_transfer.py); make test-matrix runs them all.
 QUICK_LEVERS: tuple[str, ...] = ("compile", "first-block cache", "int8", "fp8", "nf4", "model offload",
                                  "attention backends")
-# What a cell can say, best first; the row keeps it as `outcome`.
-OUTCOMES: tuple[str, ...] = ("works", "breaks", "recompiles", "refused here", "not run here", "fails")
+# What a cell can say, best first; the row keeps it as `outcome`. "needs a change": the plain call fails with an error
+# that names its fix, and the lever works once the user's code makes that change (the cell shows it).
+OUTCOMES: tuple[str, ...] = ("works", "breaks", "recompiles", "needs a change", "refused here", "not run here", "fails")
+# The outcomes whose measurements must pass works_problems: the lever did its job, as is or with the change shown.
+WORKING: tuple[str, ...] = ("works", "needs a change")
 LORA_RANKS: tuple[int, int] = (4, 8)  # the adapter loaded first, and the larger one swapped in
+# The error diffusers raises when a cache hook runs outside `cache_context`, and the change that error names, made
+# around the whole pipeline call: cache_context sets the hooks' context for every denoiser call inside it, and the
+# pipeline's maybe_free_model_hooks clears it as the call ends, so it is one `with` per call.
+NO_CACHE_CONTEXT = "No cache context is set"
+CACHE_CONTEXT_LINE = 'with pipe.transformer.cache_context("cond"): image = pipe(...)'
+# The error a context-parallel split raises when a sequence length does not divide by the degree, and the setting
+# that lifts it (ContextParallelConfig, diffusers 0.42: uneven shards gathered by size).
+NOT_DIVISIBLE = "divisible by mesh size"
+ULYSSES_ANYTHING = "ulysses_anything=True"
 # The setting each cache is tried at: aggressive enough that a cache that works skips something in a few steps.
 CACHE_SETTINGS: dict[str, float] = {"first-block cache": 0.5, "mag cache": 0.5, "taylorseer cache": 2,
                                     "pab cache": 2, "faster cache": 2}
@@ -66,8 +78,8 @@ class Cell:
 
     def text(self, limit: int = 160) -> str:
         """The cell as the table prints it, e.g. 'works: 1 graph, drift 3.1e-03' or 'fails: <message>'."""
-        words = {"breaks": "works with graph breaks", "recompiles": "works with recompiles"}.get(self.outcome,
-                                                                                                self.outcome)
+        words = {"breaks": "works with graph breaks", "recompiles": "works with recompiles",
+                 "needs a change": "works with a change"}.get(self.outcome, self.outcome)
         detail = "; ".join(x for x in (self.figure, shorten(self.message, limit)) if x)
         return f"{words}: {detail}" if detail else words
 
@@ -203,6 +215,13 @@ def make_subject(pipe: Any, model: str, profile: str, *, device: torch.device, d
 
 # --- verdicts: what was measured -> outcome and figure (pure; the unit tests plant failures here) ---
 
+def cold_label(measured: dict[str, Any]) -> str:
+    """What a first compiled call's seconds are: a cold compile with inductor (a GPU's full profile), else dynamo's
+    tracing alone on the backend named (the smoke profile's `eager`: no inductor lowering, no kernels generated)."""
+    backend = measured.get("backend", "inductor")
+    return "cold compile" if backend == "inductor" else f"cold trace (dynamo, {backend} backend)"
+
+
 def verdict_compile(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
     """Compile with fullgraph=True: fails on an error (breaks counted without fullgraph); breaks; recompiles on a
     second call; fails when its output leaves eager's by more than tolerance; else works."""
@@ -218,7 +237,7 @@ def verdict_compile(measured: dict[str, Any], tolerance: float) -> tuple[str, st
     drift = measured.get("drift", float("nan"))
     if not drift <= tolerance:
         return "fails", f"{graphs}, but drift {drift:.2e} from eager (tolerance {tolerance:g})", ""
-    extra = f", cold compile {measured['compile_s']:.2f} s" if "compile_s" in measured else ""
+    extra = f", {cold_label(measured)} {measured['compile_s']:.2f} s" if "compile_s" in measured else ""
     extra += f", step {measured['speedup']:.2f}x faster" if "speedup" in measured else ""
     return "works", f"{graphs}, 0 breaks, drift {drift:.1e}{extra}", ""
 
@@ -233,11 +252,20 @@ def verdict_regional(measured: dict[str, Any], tolerance: float) -> tuple[str, s
         return outcome, figure, message
     full, regional = measured.get("full_compile_s"), measured.get("compile_s")
     ratio = f", {full / regional:.1f}x less than the whole model's {full:.2f} s" if full and regional else ""
-    figure = (f"{measured['graphs']} graph(s) for {len(measured['repeated_blocks'])} block class(es), cold compile "
-              f"{regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
+    figure = (f"{measured['graphs']} graph(s) for {len(measured['repeated_blocks'])} block class(es)"
+              f"{extra_graphs(measured)}, {cold_label(measured)} {regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
     if full and regional and not regional < full:
-        return "fails", figure, "regional cold compile was not faster than the whole model's"
+        return "fails", figure, f"regional {cold_label(measured)} was not faster than the whole model's"
     return "works", figure, ""
+
+
+def extra_graphs(measured: dict[str, Any]) -> str:
+    """Which block class compiled more than one graph in its first call, and the guard dynamo failed on, e.g.
+    " (FluxSingleTransformerBlock 2 graphs: tensor 'hidden_states' stride mismatch ...)"; '' when none did."""
+    per_class, why = measured.get("graphs_per_class") or {}, measured.get("guard_failures") or {}
+    said = [f"{name} {n} graphs" + (f": {shorten(why[name][0], 90)}" if why.get(name) else "")
+            for name, n in per_class.items() if n > 1]
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def verdict_resolution(measured: dict[str, Any]) -> tuple[str, str, str]:
@@ -255,17 +283,24 @@ def verdict_resolution(measured: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def verdict_cache(measured: dict[str, Any]) -> tuple[str, str, str]:
-    """A step cache: works when it installs, the pipeline runs, its output is finite and it skipped something."""
+    """A step cache: works when it installs, the pipeline runs, its output is finite and it skipped something. Where
+    the plain call raised for want of a cache context and the probe tried again inside `cache_context` (measured
+    'change'), the same checks decide between 'needs a change' (the line shown) and fails (both errors kept)."""
+    change, plain = measured.get("change"), measured.get("plain_error", "")
     if measured.get("error"):
+        if change:
+            return "fails", f"inside `{change}`, as the plain call's error asks", \
+                f"{measured['error']}; plain call: {plain}"
         return "fails", "", measured["error"]
     unit = measured["unit"]
     figure = (f"{measured['skipped']} of {measured['calls']} {unit} computations skipped at {measured['setting']:g} "
               f"in {measured['steps']} steps")
+    figure = f"`{change}`, one `with` per call: {figure}" if change else figure
     if not measured.get("finite", False):
         return "fails", figure, "the output is not finite"
     if not measured["skipped"]:
         return "fails", figure, "the cache never took effect (nothing skipped)"
-    return "works", figure, ""
+    return ("needs a change", figure, f"without it: {plain}") if change else ("works", figure, "")
 
 
 def _unmeasured(measured: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -330,18 +365,31 @@ def verdict_offload(measured: dict[str, Any], tolerance: float) -> tuple[str, st
 
 
 def verdict_context_parallel(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
-    """Context parallelism: fails without a _cp_plan; not run here without two ranks; else works on parity."""
+    """Context parallelism: fails without a _cp_plan; not run here without two ranks; else works on parity, or
+    needs a change where the plain config refused an uneven split and `ulysses_anything=True` (measured 'change')
+    then kept parity. The figure names the weights and dtype the split ran (its bf16 drift depends on them)."""
     if not measured.get("cp_plan"):
         return "fails", "", "the model class has no _cp_plan: enable_parallelism cannot split it"
     if measured.get("not_run"):
         return "not run here", f"_cp_plan present ({measured['cp_plan']} entries)", measured["not_run"]
+    shape = (f" ({measured['text_tokens']} text and {measured['image_tokens']} image tokens over "
+             f"{measured['degree']} ranks)" if "text_tokens" in measured else "")
+    change, plain = measured.get("change"), measured.get("plain_error", "")
     if measured.get("error"):
-        shape = (f" ({measured['text_tokens']} text and {measured['image_tokens']} image tokens over "
-                 f"{measured['degree']} ranks)" if "text_tokens" in measured else "")
+        if change:
+            return "fails", f"_cp_plan present ({measured['cp_plan']} entries); also with `{change}`", \
+                f"{measured['error']}{shape}; plain config: {plain}"
         return "fails", f"_cp_plan present ({measured['cp_plan']} entries)", measured["error"] + shape
-    figure = (f"Ulysses over {measured['degree']} {measured['backend']} ranks: drift {measured['drift']:.1e} from one "
-              f"process")
-    return ("works", figure, "") if measured["drift"] <= tolerance else ("fails", figure, "output differs")
+    ran = ", ".join(x for x in (f"{measured['weights']} weights" if measured.get("weights") else "",
+                                measured.get("dtype", "")) if x)
+    figure = (f"Ulysses over {measured['degree']} {measured['backend']} ranks{f' ({ran})' if ran else ''}: drift "
+              f"{measured['drift']:.1e} from one process")
+    if change:
+        figure = f"`ContextParallelConfig(ulysses_degree={measured['degree']}, {change})`: {figure}"
+    if not measured["drift"] <= tolerance:
+        return "fails", figure, "output differs"
+    return ("needs a change", figure, f"the plain config fails at {shape.strip(' ()')}: {plain}") if change else \
+        ("works", figure, "")
 
 
 def verdict_attention(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
@@ -359,18 +407,39 @@ def verdict_attention(measured: dict[str, Any], tolerance: float) -> tuple[str, 
 
 # --- probes: run one lever on a Subject, measure, decide ---
 
+def graphs_by_class(net: torch.nn.Module, names: list[str]) -> tuple[dict[str, int], dict[str, list[str]]]:
+    """For each named block class of net: the graphs dynamo holds for its forward (one per set of guards it was
+    called under), and the guards that failed before each extra one (the compile id prefix cut). Read after a call,
+    before torch._dynamo.reset()."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import guard_failures
+
+    graphs, why = {}, {}
+    for name in names:
+        cls = next((type(m) for m in net.modules() if type(m).__name__ == name), None)
+        if cls is None:
+            continue
+        code = cls.forward.__code__
+        graphs[name] = len(_debug_get_cache_entry_list(code))
+        why[name] = [reason.split(": ", 1)[-1] for reason in guard_failures.get(code, [])]
+    return graphs, why
+
+
 def _compile_once(sub: Subject, apply: Callable[[torch.nn.Module], Any], inputs: dict[str, Any] | None = None,
-                  timed: tuple[int, int] | None = None) -> dict[str, Any]:
+                  timed: tuple[int, int] | None = None, blocks: list[str] | None = None) -> dict[str, Any]:
     """Compile the denoiser with `apply`, run it twice; graphs, breaks (with the first reason), recompiles on the
-    second call, drift from eager and the first call's seconds (and, with timed=(repeats, warmup), the compiled
-    step's median). An error is recorded, not raised."""
+    second call, drift from eager, the backend and the first call's seconds (and, with timed=(repeats, warmup), the
+    compiled step's median; with blocks, the graphs of each block class after the first call). An error is
+    recorded, not raised."""
     compile_tools.reset()
     net = sub.net
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"backend": sub.compiler}
     try:
         apply(net)
         with compile_tools.counting() as first:
             seconds, result = measure.first_call_seconds(lambda: sub.step(inputs=inputs), sub.device)
+        if blocks:
+            out["graphs_per_class"], out["guard_failures"] = graphs_by_class(net, blocks)
         with compile_tools.counting() as again:
             sub.step(inputs=inputs)
         out |= {"graphs": first.graphs, "graph_breaks": first.graph_breaks, "break_reasons": first.break_reasons,
@@ -422,14 +491,15 @@ def probe_compile(sub: Subject) -> Cell:
 
 
 def probe_regional(sub: Subject, full_compile_s: float | None = None) -> Cell:
-    """`transformer.compile_repeated_blocks(fullgraph=True)`: the blocks it compiles, cold compile seconds against
-    the whole model's (full_compile_s, from probe_compile), breaks, recompiles, drift."""
+    """`transformer.compile_repeated_blocks(fullgraph=True)`: the blocks it compiles and the graphs of each, cold
+    compile seconds against the whole model's (full_compile_s, from probe_compile), breaks, recompiles, drift."""
     blocks = list(getattr(type(sub.net), "_repeated_blocks", []) or [])
     measured: dict[str, Any] = {"repeated_blocks": blocks, "full_compile_s": full_compile_s}
     if blocks:
         with compile_tools.fresh_cache():
             measured |= _compile_once(sub, lambda net: net.compile_repeated_blocks(fullgraph=True,
-                                                                                   backend=sub.compiler))
+                                                                                   backend=sub.compiler),
+                                      blocks=blocks)
     return Cell(sub.model, "regional compile", *verdict_regional(measured, sub.tolerance), measured=measured)
 
 
@@ -483,20 +553,34 @@ def cache_config(name: str, setting: float, steps: int, pipe: Any) -> Any:
                                                       is_guidance_distilled=True)}[name]()
 
 
-def probe_cache(sub: Subject, name: str, prompt: str, steps: int) -> Cell:
-    """`transformer.enable_cache(<config>)` and one pipeline call of `steps` steps: computations skipped, counted."""
+def _cached_call(sub: Subject, name: str, prompt: str, steps: int, wrap: bool) -> dict[str, Any]:
+    """`transformer.enable_cache(<config>)` and one pipeline call of `steps` steps (with wrap, inside
+    `transformer.cache_context("cond")`, CACHE_CONTEXT_LINE): computations skipped, counted; an error recorded."""
     setting, unit = CACHE_SETTINGS[name], CACHE_UNITS.get(name, "attention")
-    measured: dict[str, Any] = {"setting": setting, "unit": unit, "steps": steps}
     try:
         sub.net.enable_cache(cache_config(name, setting, steps, sub.pipe))
-        with caching.count_computations(sub.net, unit) as counts, torch.inference_mode():
+        around = sub.net.cache_context("cond") if wrap else contextlib.nullcontext()
+        with around, caching.count_computations(sub.net, unit) as counts, torch.inference_mode():
             latents = sub.pipe(**sub.call_kwargs(prompt, steps)).images
-        measured |= counts.summary() | {"pattern": counts.pattern(), "finite": bool(torch.isfinite(latents).all())}
+        return counts.summary() | {"pattern": counts.pattern(), "finite": bool(torch.isfinite(latents).all())}
     except Exception as err:  # noqa: BLE001
-        measured["error"] = first_line(err)
+        return {"error": first_line(err)}
     finally:
         with contextlib.suppress(Exception):
             sub.net.disable_cache()
+
+
+def probe_cache(sub: Subject, name: str, prompt: str, steps: int) -> Cell:
+    """`transformer.enable_cache(<config>)` and one pipeline call of `steps` steps: computations skipped, counted.
+    Where the call raises for want of a cache context (a pipeline that opens none, as diffusers 0.42's
+    Flux2Pipeline), the call is tried again inside the context the error asks for, around the whole pipeline call
+    (CACHE_CONTEXT_LINE), and both are kept: the plain call's error as 'plain_error', the line as 'change'."""
+    measured: dict[str, Any] = {"setting": CACHE_SETTINGS[name], "unit": CACHE_UNITS.get(name, "attention"),
+                                "steps": steps}
+    measured |= _cached_call(sub, name, prompt, steps, wrap=False)
+    if NO_CACHE_CONTEXT in measured.get("error", ""):
+        measured |= {"plain_error": measured.pop("error"), "change": CACHE_CONTEXT_LINE}
+        measured |= _cached_call(sub, name, prompt, steps, wrap=True)
     return Cell(sub.model, name, *verdict_cache(measured), measured=measured)
 
 
@@ -655,7 +739,9 @@ def probe_offload(sub: Subject, mode: str) -> Cell:
 
 def probe_context_parallel(sub: Subject, run_split: Callable[[], dict[str, Any]] | None) -> Cell:
     """Context parallelism: the class's `_cp_plan`, then (where run_split can run two ranks) Ulysses over two ranks
-    against one process; run_split returns {'drift', 'degree', 'backend'} or {'error'} (helpers.transfer_cp)."""
+    against one process; run_split returns {'drift', 'degree', 'backend', 'weights', 'dtype', tokens} or {'error'},
+    with {'plain_error', 'change'} where the plain config refused an uneven split and `ulysses_anything=True` was
+    tried (helpers.transfer_cp)."""
     plan = getattr(type(sub.net), "_cp_plan", None) or {}
     measured: dict[str, Any] = {"cp_plan": len(plan)}
     if plan:
@@ -707,16 +793,19 @@ def cells_frame(cells: list[Cell]) -> pd.DataFrame:
 
 
 def counts_line(cells: list[Cell]) -> str:
-    """Per model, how many of its levers work, work with breaks or recompiles, are refused or not run here, or fail
-    (only the outcomes that occur), e.g. 'Qwen-Image: 11 of 16 work, 4 refused or not run here, 1 fails'."""
+    """Per model, how many of its levers work, work with breaks or recompiles, work with a change, are refused or not
+    run here, or fail (only the outcomes that occur), e.g. 'Qwen-Image: 11 of 16 work, 1 works with a change, 4
+    refused or not run here'."""
     parts = []
     for model in [m for m in MODELS if any(c.model == m for c in cells)]:
         outcomes = [c.outcome for c in cells if c.model == model]
         n = {what: sum(o in kinds for o in outcomes) for what, kinds in (
-            ("work with breaks or recompiles", ("breaks", "recompiles")),
-            ("refused or not run here", ("refused here", "not run here")), ("fail", ("fails",)))}
+            (("works with breaks or recompiles", "work with breaks or recompiles"), ("breaks", "recompiles")),
+            (("works with a change", "work with a change"), ("needs a change",)),
+            (("refused or not run here", "refused or not run here"), ("refused here", "not run here")),
+            (("fails", "fail"), ("fails",)))}
         said = [f"{outcomes.count('works')} of {len(outcomes)} work"]
-        said += [f"{count} {'fails' if (what, count) == ('fail', 1) else what}" for what, count in n.items() if count]
+        said += [f"{count} {what[count != 1]}" for what, count in n.items() if count]
         parts.append(f"{MODEL_NAMES[model]}: " + ", ".join(said))
     return "; ".join(parts)
 
@@ -763,7 +852,7 @@ def cell_from_row(row: dict[str, Any]) -> Cell:
 def row_fields(cell: Cell) -> dict[str, Any]:
     """What the notebook records for a cell: status 'skipped' (with the reason) where it was refused or not run here,
     else 'ok' with the outcome (a lever that fails on a model is a measured outcome, not a failed notebook: its row
-    keeps the library's message as its reason)."""
+    keeps the library's message as its reason; one that needs a change keeps the change as its reason)."""
     skipped = cell.outcome in ("refused here", "not run here")
     m = cell.measured
     lifted = {k: m[k] for k in ("compile_s", "graph_breaks", "speedup", "eager_step_s", "compiled_step_s", "drift")
@@ -771,7 +860,9 @@ def row_fields(cell: Cell) -> dict[str, Any]:
     if isinstance(m.get("recompiles", m.get("swap_recompiles")), int):
         lifted["recompiles"] = m.get("recompiles", m.get("swap_recompiles"))
     why = cell.message or cell.figure
-    reason = why if skipped else f"the lever fails here (a measured outcome): {why}" if cell.outcome == "fails" else ""
+    reason = why if skipped else f"the lever fails here (a measured outcome): {why}" if cell.outcome == "fails" else \
+        f"the lever works here only with a change to the user's code: {cell.figure}" \
+        if cell.outcome == "needs a change" else ""
     return {"status": "skipped" if skipped else "ok", "reason": reason,
             "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "figure": cell.figure,
             "message": cell.message, "text": cell.text(), "measured": json.loads(json.dumps(m, default=str)),
@@ -793,10 +884,11 @@ def lora_folder() -> Iterator[Path]:
 # --- checks of a finished table (the Checks cell; the unit tests plant failures) ---
 
 def works_problems(cell: Cell, tolerance: float) -> list[str]:
-    """What is wrong with a cell that says 'works', re-read from what it measured ([] when nothing is, or when the cell
-    does not say 'works'): a graph break, a recompile, drift past the band, a cache that skipped nothing, an
-    attention backend that fell back, an offload whose output differs, a hot-swap that recompiled."""
-    if not cell.works:
+    """What is wrong with a cell that says 'works' (as is, or with a change: WORKING), re-read from what it measured
+    ([] when nothing is, or when the cell says neither): a graph break, a recompile, drift past the band, a cache
+    that skipped nothing, an attention backend that fell back, an offload whose output differs, a hot-swap that
+    recompiled, a change claimed without the plain call's error that asked for it."""
+    if cell.outcome not in WORKING:
         return []
     m, problems = cell.measured, []
     if m.get("graph_breaks", 0):
@@ -818,6 +910,10 @@ def works_problems(cell: Cell, tolerance: float) -> list[str]:
         problems += [] if ran else ["no backend ran"]
     if m.get("error"):
         problems.append(f"an error was recorded: {m['error']}")
+    if cell.outcome == "needs a change" and not (m.get("change") and m.get("plain_error")):
+        problems.append("a change is claimed, but no plain call failed for want of it")
+    if cell.works and m.get("change"):
+        problems.append(f"says works, but ran only with a change: {m['change']}")
     return problems
 
 
@@ -917,9 +1013,11 @@ def tolerance(dtype_name: str) -> float:
 READING = ("works: the lever installs, the graph holds (0 breaks with fullgraph=True), nothing recompiles, the output "
            "matches the plain model's within the dtype's tolerance (quantization: within notebook 12's band) and the "
            "lever did something (a cache skipped computations, a backend ran its own kernel); works with graph "
-           "breaks / recompiles: it runs, counted; refused here: the library refused on this machine (no GPU), the "
-           "model is not to blame; not run here: needs what this machine lacks (two ranks, weights on disk, memory); "
-           "fails: the library's error on this model, shortened, or the check that failed")
+           "breaks / recompiles: it runs, counted; works with a change: the plain call fails with an error that names "
+           "its fix, and with that change to the user's code (shown) the lever works; refused here: the library "
+           "refused on this machine (no GPU), the model is not to blame; not run here: needs what this machine lacks "
+           "(two ranks, weights on disk, memory); fails: the library's error on this model, shortened, or the check "
+           "that failed")
 
 
 def table_header(run: Any, card: Any, levers: list[str], compiler: str, models: list[str]) -> str:
@@ -932,8 +1030,20 @@ def table_header(run: Any, card: Any, levers: list[str], compiler: str, models: 
     return (f"# Does it transfer? Every lever on {', '.join(MODEL_NAMES[m] for m in models)}\n\n"
             f"Made by notebooks/16_does_it_transfer.ipynb on the {run.profile} profile: {size}; {card.device_name}, "
             f"{run.dtype_name}, graphs compiled with the `{compiler}` backend; {versions}; git {card.git_rev}; "
-            f"{len(levers)} levers. On the smoke profile the verdicts are about the code path (the same at any size) "
-            f"and no figure is a GPU's speed. How to read a cell: {READING}.")
+            f"{len(levers)} levers. {scope(run.profile, compiler)}How to read a cell: {READING}.")
+
+
+def scope(profile: str, compiler: str) -> str:
+    """What a verdict of this run covers: on the smoke profile the code path up to what the backend lowers, at this
+    run's token counts, with no figure a GPU's speed."""
+    if profile != "smoke":
+        return ""
+    lowering = ("inductor lowered the graphs as on a GPU" if compiler == "inductor" else
+                f"the graphs ran on dynamo's `{compiler}` backend, so a failure in inductor's lowering (int8's "
+                f"`_int_mm`, fp8) shows only on the full profile")
+    return (f"On the smoke profile a verdict is about the code path up to the compiler: {lowering}; context "
+            f"parallelism depends on this run's token counts; skip counts on random weights say that a cache skips, "
+            f"not how often; no figure is a GPU's speed. ")
 
 
 def published_lines(cells: list[Cell], hardware: str, profile: str) -> str:

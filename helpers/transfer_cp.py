@@ -1,16 +1,21 @@
 """Notebook 16's context-parallel parity check: one denoiser step split with Ulysses over the ranks of a torchrun job,
 against the same step in one process.
 
-    torchrun --nproc-per-node 2 -m helpers.transfer_cp MODEL PROFILE DTYPE SEED HEIGHT WIDTH TOKENS OUT_JSON
+    torchrun --nproc-per-node 2 -m helpers.transfer_cp MODEL PROFILE DTYPE SEED HEIGHT WIDTH TOKENS OUT_JSON [WEIGHTS]
 
-Every rank builds the same seeded pipeline (helpers.pipelines), computes the unsplit step, then
+Every rank builds the same pipeline (helpers.pipelines; WEIGHTS as the notebook's column has them: "random" by
+default, or the trained smoke Flux's folder, as notebook 13 splits it), computes the unsplit step, then
 `transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world_size))` and the split step; rank 0
-writes {"drift", "degree", "backend"} (or {"error"}) to OUT_JSON. On CPU processes (gloo) diffusers needs the
-device-count stand-in notebook 13 uses (helpers.parallel.cpu_device_count_shim). `run_split` launches it.
+writes {"drift", "degree", "backend", "weights", "dtype", tokens} (or {"error"}) to OUT_JSON. Where the plain config
+refuses a sequence that does not divide by the degree (an odd text length over 2 ranks), the split is tried again on a
+freshly built denoiser with `ulysses_anything=True` (diffusers 0.42 shards unevenly and gathers by size), the plain
+error kept as "plain_error". On CPU processes (gloo) diffusers needs the device-count stand-in notebook 13 uses
+(helpers.parallel.cpu_device_count_shim). `run_split` launches it.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -23,42 +28,69 @@ import torch.distributed as dist
 
 from helpers import compile_tools, parallel, params, pipelines
 
+NOT_DIVISIBLE = "divisible by mesh size"  # the plain config's refusal of an uneven split (transfer.NOT_DIVISIBLE)
 
-def split_step(model: str, profile: str, dtype: torch.dtype, seed: int, height: int, width: int,
-               tokens: int) -> dict[str, Any]:
-    """On this rank: the unsplit and the Ulysses-split step of the model's denoiser; their relative difference."""
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _split(net: torch.nn.Module, inputs: dict[str, Any], reference: torch.Tensor, **config: Any) -> dict[str, Any]:
+    """enable_parallelism(ContextParallelConfig(ulysses_degree=world size, **config)) and the split step: its drift
+    from the unsplit reference, or the library's error."""
     from diffusers import ContextParallelConfig
 
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
-    pipe = pipelines.build_pipeline(model, profile, dtype=dtype, device=device, seed=seed)
-    inputs = pipelines.denoiser_inputs(pipe, height=height, width=width, max_sequence_length=tokens, seed=seed)
-    net = pipelines.denoiser(pipe)
-    shape = {"degree": dist.get_world_size(), "backend": dist.get_backend(),
-             "text_tokens": inputs["encoder_hidden_states"].shape[1], "image_tokens": inputs["hidden_states"].shape[1]}
-    with torch.inference_mode():
-        reference = net(**inputs)[0].clone()
     try:
         with parallel.cpu_device_count_shim():
-            net.enable_parallelism(config=ContextParallelConfig(ulysses_degree=dist.get_world_size()))
+            net.enable_parallelism(config=ContextParallelConfig(ulysses_degree=dist.get_world_size(), **config))
         with torch.inference_mode():
             out = net(**inputs)[0]
     except Exception as err:  # noqa: BLE001 the library's message is the result, with the shape it was given
-        text = str(err).strip()
-        return shape | {"error": f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"}
-    return shape | {"drift": compile_tools.relative_error(out, reference)}
+        return {"error": _first_line(err)}
+    return {"drift": compile_tools.relative_error(out, reference)}
+
+
+def weights_label(weights: str) -> str:
+    """'random', or the folder name / hub id the weights came from (e.g. 'flux-dev-smoke')."""
+    return "random" if weights == "random" else Path(weights).name or weights
+
+
+def split_step(model: str, profile: str, dtype: torch.dtype, seed: int, height: int, width: int,
+               tokens: int, weights: str = "random") -> dict[str, Any]:
+    """On this rank: the unsplit and the Ulysses-split step of the model's denoiser; their relative difference. An
+    uneven split the plain config refuses is tried again, on a rebuilt denoiser, with ulysses_anything=True."""
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    build = lambda: pipelines.build_pipeline(model, profile, weights=weights, dtype=dtype, device=device,
+                                             seed=seed)
+    pipe = build()
+    inputs = pipelines.denoiser_inputs(pipe, height=height, width=width, max_sequence_length=tokens, seed=seed)
+    shape = {"degree": dist.get_world_size(), "backend": dist.get_backend(), "weights": weights_label(weights),
+             "dtype": next((k for k, v in params.DTYPES.items() if v == dtype), str(dtype)),
+             "text_tokens": inputs["encoder_hidden_states"].shape[1], "image_tokens": inputs["hidden_states"].shape[1]}
+    with torch.inference_mode():
+        reference = pipelines.denoiser(pipe)(**inputs)[0].clone()
+    result = _split(pipelines.denoiser(pipe), inputs, reference)
+    if NOT_DIVISIBLE not in result.get("error", ""):
+        return shape | result
+    del pipe  # enable_parallelism is once per model: the retry splits a fresh one, the refused one freed first
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    retry = _split(pipelines.denoiser(build()), inputs, reference, ulysses_anything=True)
+    return shape | {"plain_error": result["error"], "change": "ulysses_anything=True"} | retry
 
 
 def main(argv: list[str]) -> int:
     """torchrun entry point: run split_step on every rank, rank 0 writes the result (or the error) as JSON."""
-    model, profile, dtype_name, seed, height, width, tokens, out = argv
+    model, profile, dtype_name, seed, height, width, tokens, out, *rest = argv
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         result = split_step(model, profile, params.DTYPES[dtype_name], int(seed), int(height), int(width),
-                            int(tokens))
+                            int(tokens), weights=rest[0] if rest else "random")
     except Exception as err:  # noqa: BLE001 the library's message is the result
-        text = str(err).strip()
-        result = {"error": f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"}
+        result = {"error": _first_line(err)}
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -66,13 +98,13 @@ def main(argv: list[str]) -> int:
 
 
 def run_split(model: str, profile: str, dtype_name: str, seed: int, height: int, width: int, tokens: int,
-              degree: int = 2, timeout_s: float = 600) -> dict[str, Any]:
+              degree: int = 2, timeout_s: float = 600, weights: str = "random") -> dict[str, Any]:
     """Launch main under `torchrun --nproc-per-node degree` and return what rank 0 wrote (or the launch error)."""
     with tempfile.TemporaryDirectory(prefix="nb16-cp-") as tmp:
         out = Path(tmp) / "split.json"
         try:
             parallel.torchrun(degree, "-m", "helpers.transfer_cp", model, profile, dtype_name, str(seed),
-                              str(height), str(width), str(tokens), str(out), timeout_s=timeout_s)
+                              str(height), str(width), str(tokens), str(out), str(weights), timeout_s=timeout_s)
         except (RuntimeError, OSError) as err:
             return {"error": str(err).strip().splitlines()[0]}
         return json.loads(out.read_text())
@@ -83,9 +115,9 @@ if __name__ == "__main__":
 
 
 def splitter(model: str, profile: str, dtype_name: str, seed: int, height: int, width: int, tokens: int,
-             device: torch.device, degree: int = 2) -> Any:
-    """A zero-argument callable running run_split for this model, or None where `degree` ranks cannot run here (a
-    machine with fewer CUDA GPUs than ranks; CPU processes over gloo always can)."""
+             device: torch.device, degree: int = 2, weights: str = "random") -> Any:
+    """A zero-argument callable running run_split for this model with the weights its column runs, or None where
+    `degree` ranks cannot run here (a machine with fewer CUDA GPUs than ranks; CPU processes over gloo always can)."""
     if device.type == "cuda" and torch.cuda.device_count() < degree:
         return None
-    return lambda: run_split(model, profile, dtype_name, seed, height, width, tokens, degree)
+    return lambda: run_split(model, profile, dtype_name, seed, height, width, tokens, degree, weights=weights)

@@ -4,6 +4,7 @@ measurements (a silent attention fallback, drift past a band, a swap that recomp
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -88,6 +89,46 @@ def test_a_cache_that_skips_nothing_does_not_work(sub, monkeypatch):
                                                  measured=planted.measured), TOL)
 
 
+@pytest.fixture(scope="module")
+def flux2() -> transfer.Subject:
+    """FLUX.2 [dev]'s smoke pipeline as a Subject: diffusers 0.42.1's Flux2Pipeline opens no cache context."""
+    pipe = pipelines.build_pipeline("flux2-dev", "smoke", dtype=torch.bfloat16)
+    pipe.set_progress_bar_config(disable=True)
+    return transfer.make_subject(pipe, "flux2-dev", "smoke", device=torch.device("cpu"), dtype=torch.bfloat16,
+                                 dtype_name="bf16", compiler="eager", height=128, width=128, steps=2,
+                                 tokens=transfer.text_tokens("flux2-dev", "smoke", 32), guidance=3.5)
+
+
+def test_a_cache_that_asks_for_a_context_is_tried_inside_one(flux2, monkeypatch):
+    taylor = transfer.probe_cache(flux2, "taylorseer cache", "a cat", 6)
+    assert taylor.outcome == "needs a change" and taylor.measured["skipped"] > 0, taylor.text()
+    assert transfer.NO_CACHE_CONTEXT in taylor.measured["plain_error"]
+    assert taylor.measured["change"] == transfer.CACHE_CONTEXT_LINE and transfer.works_problems(taylor, TOL) == []
+    # inside the context, diffusers 0.42.1's First Block Cache trips over FLUX.2's two block kinds (diffusers#14280;
+    # when a release fixes it this cell turns to "needs a change" and this line says to look again)
+    fbc = transfer.probe_cache(flux2, "first-block cache", "a cat", 6)
+    assert fbc.outcome == "fails" and "TypeError" in fbc.message, fbc.text()
+    assert transfer.NO_CACHE_CONTEXT in fbc.measured["plain_error"] and "plain call: ValueError" in fbc.message
+    # planted: a cache_context that sets nothing: the retry raises the plain error again and the cell fails
+    monkeypatch.setattr(type(flux2.net), "cache_context", lambda self, name: contextlib.nullcontext())
+    planted = transfer.probe_cache(flux2, "taylorseer cache", "a cat", 6)
+    assert planted.outcome == "fails" and transfer.NO_CACHE_CONTEXT in planted.measured["error"], planted.text()
+
+
+def test_regional_compile_names_the_block_class_that_compiled_twice():
+    pipe = pipelines.build_pipeline("flux-dev", "smoke", dtype=torch.bfloat16)
+    sub = transfer.make_subject(pipe, "flux-dev", "smoke", device=torch.device("cpu"), dtype=torch.bfloat16,
+                                dtype_name="bf16", compiler="eager", height=128, width=128, steps=2, tokens=32,
+                                guidance=3.5)
+    cell = transfer.probe_regional(sub)
+    per_class = cell.measured["graphs_per_class"]
+    # the single-stream block's first call gets contiguous image states, the later ones slices of the joined tensor
+    assert per_class == {"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 2}, cell.text()
+    assert sum(per_class.values()) == cell.measured["graphs"] and cell.works
+    assert "(FluxSingleTransformerBlock 2 graphs: tensor 'hidden_states' stride mismatch" in cell.figure
+    assert transfer.extra_graphs({"graphs_per_class": {"A": 1, "B": 1}}) == ""  # nothing extra: nothing said
+
+
 def test_the_library_s_refusal_is_recorded_with_its_message(sub):
     fp8 = transfer.probe_quantized(sub, "fp8")
     if torch.cuda.is_available():
@@ -114,6 +155,16 @@ def test_the_library_s_refusal_is_recorded_with_its_message(sub):
     ("group offload", {"drift": 0.0, "weights_off_device": "x", "moved": False}, "not run here"),  # a CPU moves nothing
     ("context parallel", {"cp_plan": 0}, "fails"),
     ("context parallel", {"cp_plan": 4, "drift": 0.5, "degree": 2, "backend": "gloo"}, "fails"),
+    # planted: the change an error named, tried, and still not enough
+    ("context parallel", {"cp_plan": 4, "drift": 0.5, "degree": 2, "backend": "gloo", "change": "ulysses_anything=True",
+                          "plain_error": "AssertionError: ... divisible by mesh size"}, "fails"),
+    ("context parallel", {"cp_plan": 4, "error": "RuntimeError: x", "change": "ulysses_anything=True",
+                          "plain_error": "AssertionError: ... divisible by mesh size"}, "fails"),
+    ("taylorseer cache", {"setting": 2, "unit": "attention", "steps": 6, "skipped": 0, "calls": 18, "finite": True,
+                          "change": transfer.CACHE_CONTEXT_LINE, "plain_error": "ValueError: No cache context"}, "fails"),
+    ("first-block cache", {"setting": 0.5, "unit": "block", "steps": 6, "error": "TypeError: x",
+                           "change": transfer.CACHE_CONTEXT_LINE, "plain_error": "ValueError: No cache context"},
+     "fails"),
     ("attention backends", {"ran": {"_native_math": {"fallback": "_native_math: expected a kernel matching 'math', "
                                                                  "ran flash", "drift": 0.0}}, "skipped": {}}, "fails"),
     ("attention backends", {"ran": {}, "skipped": {"flash": "not installed"}}, "fails"),
@@ -125,6 +176,49 @@ def test_planted_measurements_never_read_as_works(lever, measured, outcome):
     cell = transfer.Cell("qwen-image", lever, "works", measured=measured)
     assert transfer.recompute(cell, TOL)[0] == outcome
     assert not transfer.verdict_holds(cell, TOL)
+
+
+CHANGED = {
+    "taylorseer cache": {"setting": 2, "unit": "attention", "steps": 6, "skipped": 6, "calls": 18, "finite": True,
+                         "change": transfer.CACHE_CONTEXT_LINE, "plain_error": "ValueError: No cache context is set."},
+    "context parallel": {"cp_plan": 4, "drift": 0.0, "degree": 2, "backend": "gloo", "weights": "random",
+                         "dtype": "bf16", "text_tokens": 15, "image_tokens": 64, "change": "ulysses_anything=True",
+                         "plain_error": "AssertionError: Tensor size ... must be divisible by mesh size"},
+}
+
+
+@pytest.mark.parametrize("lever", list(CHANGED))
+def test_a_lever_that_works_only_with_a_change_says_so(lever):
+    measured = CHANGED[lever]
+    outcome, figure, message = transfer.recompute(transfer.Cell("qwen-image", lever, "fails", measured=measured), TOL)
+    cell = transfer.Cell("qwen-image", lever, outcome, figure, message, measured)
+    assert outcome == "needs a change" and not cell.works and transfer.works_problems(cell, TOL) == []
+    assert cell.text().startswith("works with a change: `") and measured["plain_error"][:20] in cell.text()
+    assert measured["change"] in transfer.row_fields(cell)["reason"]
+    # planted: the same cell edited to a plain "works" is caught by both checks of the Checks cell
+    edited = transfer.Cell("qwen-image", lever, "works", figure, "", measured)
+    assert not transfer.verdict_holds(edited, TOL)
+    assert any("only with a change" in p for p in transfer.works_problems(edited, TOL))
+    # planted: a change claimed with no plain call that asked for it, and a change whose run drifted
+    bare = {k: v for k, v in measured.items() if k != "plain_error"}
+    assert any("no plain call failed" in p for p in transfer.works_problems(
+        transfer.Cell("qwen-image", lever, "needs a change", measured=bare), TOL))
+    assert any("drift" in p for p in transfer.works_problems(
+        transfer.Cell("qwen-image", lever, "needs a change", measured=measured | {"drift": 0.5}), TOL))
+
+
+def test_compile_seconds_are_labelled_by_backend():
+    clean = {"graphs": 1, "graph_breaks": 0, "recompiles": 0, "drift": 0.0, "compile_s": 2.0}
+    assert "cold trace (dynamo, eager backend) 2.00 s" in transfer.verdict_compile(clean | {"backend": "eager"}, TOL)[1]
+    assert "cold compile 2.00 s" in transfer.verdict_compile(clean | {"backend": "inductor"}, TOL)[1]
+    regional = clean | {"backend": "eager", "repeated_blocks": ["A", "B"], "full_compile_s": 4.0, "compile_s": 1.0}
+    assert "cold trace (dynamo, eager backend) 1.00 s, 4.0x less" in transfer.verdict_regional(regional, TOL)[1]
+
+
+def test_the_smoke_header_does_not_claim_more_than_the_backend_shows():
+    assert "only on the full profile" in transfer.scope("smoke", "eager") and "token counts" in transfer.scope(
+        "smoke", "eager")
+    assert "only on the full profile" not in transfer.scope("smoke", "inductor") and transfer.scope("full", "x") == ""
 
 
 def test_clean_measurements_read_as_works():
@@ -161,10 +255,13 @@ def test_the_table_and_its_rows_agree(tmp_path):
     with pytest.raises(ValueError, match="outcome="):
         transfer.Cell("flux-dev", "compile", "mostly works")
     # the TL;DR count: a planted failure or break is counted as such, never as working
-    assert transfer.counts_line(cells) == ("Flux-1-Dev: 1 of 1 work; Qwen-Image: 0 of 2 work, 1 work with breaks or "
+    assert transfer.counts_line(cells) == ("Flux-1-Dev: 1 of 1 work; Qwen-Image: 0 of 2 work, 1 works with breaks or "
                                            "recompiles, 1 refused or not run here")
     planted = [*cells, transfer.Cell("flux-dev", "int8", "fails", "", "RuntimeError: x")]
     assert transfer.counts_line(planted).startswith("Flux-1-Dev: 1 of 2 work, 1 fails;")
+    changed = [*cells, *(transfer.Cell("flux-dev", lever, "needs a change", measured=CHANGED[lever])
+                         for lever in CHANGED)]  # counted apart from plain works, never as works
+    assert transfer.counts_line(changed).startswith("Flux-1-Dev: 1 of 3 work, 2 work with a change;")
 
 
 def test_the_committed_counts_read_the_rows_each_machine_wrote(tmp_path):
