@@ -59,6 +59,21 @@ def test_scheduler_sync_rows(tmp_path):
     text = nb.text()
     assert "Nothing to compare" in text and "Empty DataFrame" not in text
     assert "set_begin_index(0) saves 2 syncs per loop" in text
+    # section 1 on a CPU quotes the warning a GPU run gives
+    assert 'on a GPU, each sync is a UserWarning "called a synchronizing CUDA operation"' in text
+    # section 2 lists the sources once, then says how the other settings differ, computed
+    assert text.count("(modeled on a CPU):\n") == 1 and "sigmas on device, begin_index unset (modeled on a CPU):" in text
+    assert ("the other settings, reads and copies by calling function against this list: sigmas on device, "
+            "begin_index set: 2 fewer in index_for_timestep; sigmas on cpu, begin_index unset: 1 fewer in "
+            "set_timesteps, 1 more in set_schedule; sigmas on cpu, begin_index set: 2 fewer in index_for_timestep, "
+            "1 fewer in set_timesteps, 1 more in set_schedule") in text
+    # Going deeper: no all-<NA> warnings column off CUDA, a legend for the two read columns, and no CPU timing
+    # table that could be read as a sync's cost (the rows keep the timings)
+    assert "sync-debug warnings (count)" not in text and "<NA>" not in text
+    assert "host reads, any tensor: every .item(), bool() or nonzero() the profiler counted" in text
+    assert "CPU: no device queue, so these 4 loops (" in text and "median loop (ms)" not in text
+    # the Results table shows the sync counts the rows recorded
+    assert "syncs per loop (modeled on a CPU)" in text
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert {"sigmas on device: set_begin_index(0) saves exactly the two reads of index_for_timestep",

@@ -1,9 +1,11 @@
 """Notebook 10 on the smoke profile: hot-swaps of different ranks without recompiles, matching an ordinary load of
 the same file on the uncompiled model; the negative control; bad files; the Checks cell; bad knobs fail fast."""
 
+import re
+
 import pytest
 
-from helpers import compile_tools, params
+from helpers import compile_tools, lora, params
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -39,6 +41,10 @@ def test_lora_hotswap_rows(tmp_path, backend):
     swap_ranks = [e["rank"] for e in swaps["extra"]]
     assert len(swaps) >= 3 and len(set(swap_ranks)) >= 3 and set(swap_ranks) == set(ranks), swap_ranks
     assert (swaps["recompiles"] == 0).all(), "a hot-swap recompiled"
+    # the main path shows the proof: one printed line per swap, with its recompiles and the scaling it wrote
+    for rank in swap_ranks:
+        line = rf"rank {rank}: swapped in [\d.]+ ms, 0 recompiles, scaling held {lora.scaling(rank):g} \(lora_alpha / r"
+        assert re.search(line, nb.text()), f"no per-swap line for rank {rank}"
     for extra in swaps["extra"]:
         assert extra["tolerance"] == tol and extra["backend"] == backend
         # matches the ordinary load of its own file, and is told apart from every other adapter's
@@ -65,13 +71,16 @@ def test_lora_hotswap_rows(tmp_path, backend):
     assert nb.row("pipeline lora hotswap compiled")["recompiles"] == 0, "the hot-swapped pipeline recompiled when timed"
     for name in ("swap_latency", "pipeline_latency"):
         assert (nb.figures_dir / "cpu" / f"10_lora_hotswap_{name}.png").stat().st_size > 1000
-    assert "not measured" in nb.text() and "tiny model: no comparison" in nb.text()
+    assert "tiny model: no comparison" in nb.text()
+    assert "not measured" in nb.text()
     # the published figure and this project's own GPU figure (or its absence) in the setup cell's TL;DR line
     assert "published: 1.55x on H100 (lora-fast blog)" in nb.text()
-    # why the two compiled latencies differ on the smoke profile: both graphs traced, and compared by their spreads
+    # the two compiled latencies: both graphs traced; on a CPU said to be not comparable, with no faster/slower verdict
     assert nb.row("compile with first adapter")["extra"]["ops_captured"] > 0
     assert nb.row("no hotswap: unload + load")["extra"]["ops_captured"] > 0
-    assert "ops traced per graph" in nb.text() and "compiled with hot-swap" in nb.text()
+    assert "ops traced per graph" in nb.text()
+    assert "compiled with hot-swap vs compiled without: not comparable here" in nb.text()
+    assert "beyond either max-min spread" not in nb.text() and "not told apart" not in nb.text()
     # both images (no LoRA, and the hot-swapped adapter beside it) go through s.show and read as the prompt's digit
     assert nb.row("shown: no LoRA")["extra"]["judged"] is True
     pair = nb.row("shown: no LoRA vs hot-swapped adapter")["extra"]
