@@ -145,6 +145,7 @@ def unavailable_reason(name: str, device: torch.device, dtype: torch.dtype, head
             F.scaled_dot_product_attention(q, q, q)
     except RuntimeError as err:
         first = str(err).strip().splitlines()[0]
+        first = first.split(" This is likely due to")[0]  # PyTorch's guess: true when a user turned kernels off, not here
         return f"torch {torch.__version__} has no {name} kernel for {device.type} {str(dtype)[6:]}: {first}"
     return ""
 

@@ -281,16 +281,17 @@ SDXL_NOTEBOOKS = {"00_setup_and_baseline", "01_dtype", "02_attention_sdpa", "03_
                   "12_maximum_speed"}
 
 
-# Notebooks whose rows the README's generated table does not show yet (16 joins it when the README is regenerated with
-# `python -m helpers.fit` after this set is emptied; until then tests/test_fit.py holds README and table() equal).
-NOT_IN_README_TABLE: set[str] = {TRANSFER_NOTEBOOK}
+# Notebooks whose rows the README's generated table leaves out (none: tests/test_fit.py holds README and table() equal)
+NOT_IN_README_TABLE: set[str] = set()
 
 
 def table() -> list[dict[str, str]]:
     """Which notebooks run at full size on each memory class (README 'Which notebooks run on my GPU')."""
     out = []
     for nb in [n for n in PARTS if n not in NOT_IN_README_TABLE]:
-        for model in ("flux-dev", "sdxl") if nb in SDXL_NOTEBOOKS else ("flux-dev",):
+        models = TRANSFER_MODELS if nb == TRANSFER_NOTEBOOK else ("flux-dev", "sdxl") if nb in SDXL_NOTEBOOKS else (
+            "flux-dev",)  # 16: a row per model it tries
+        for model in models:
             ns = needs(nb, model)
             if not ns:
                 continue

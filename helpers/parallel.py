@@ -348,7 +348,7 @@ def model_unsplit_s(results_dir: Path, steps: int = 28) -> tuple[float, str]:
     notebook 03's compiled image on an H100 less steps times its compiled step, both of the run model_step_s reads;
     0 where no such pair is committed (the prediction then counts the steps alone, and says so)."""
     nb03 = _nb03_h100(results_dir)
-    for step_name, image_name in zip(NB03_STEPS, NB03_IMAGES, strict=True):
+    for step_name, image_name in zip(NB03_STEPS, NB03_IMAGES, strict=True) if not nb03.empty else ():
         step, image = nb03[nb03["scenario"] == step_name], nb03[nb03["scenario"] == image_name]
         if len(step) and len(image):
             t1, whole = float(step["latency_median_s"].iloc[0]), float(image["latency_median_s"].iloc[0])

@@ -349,12 +349,15 @@ class FirstOnly(logging.Filter):
 
 KEEP_FP32_NOTICE = "should be kept in float32"
 UPCAST_VAE_WARNING = "`upcast_vae` is deprecated"
+UPCAST_VAE_NOTE = ("diffusers warns (a FutureWarning) that `upcast_vae` is deprecated and suggests "
+                   "pipe.vae.to(torch.float32); in this version that breaks SDXL's fp16 decode (Going deeper, "
+                   "'Odds and ends'), so the pipeline's own upcast is kept")
 
 
 @contextlib.contextmanager
 def each_notice_once() -> Iterator[None]:
     """Inside the block, diffusers' notice that a model 'should be kept in float32' (dropped when it names no
-    module) and its FutureWarning about upcast_vae each show once. SDXL's pipeline in fp16 casts its VAE to fp32
+    module) shows once, and its FutureWarning about upcast_vae as one line saying why its advice is not taken. SDXL's pipeline in fp16 casts its VAE to fp32
     and back at every call (the VAE's force_upcast), and each cast repeats both."""
     logger = logging.getLogger("diffusers.models.modeling_utils")
     once = FirstOnly(KEEP_FP32_NOTICE)
@@ -364,10 +367,11 @@ def each_notice_once() -> Iterator[None]:
     # warnings' own "once" forgets what it showed whenever a warnings.catch_warnings block (the profiler's, in
     # helpers.measure) changes the filters, so the repeats are dropped here, where the warning is shown.
     def show(message: Any, category: type[Warning], *args: Any, **kwargs: Any) -> None:
-        if UPCAST_VAE_WARNING in str(message):
-            if shown:
-                return
+        if UPCAST_VAE_WARNING in str(message):  # once, as what it is: its advice fails in this diffusers
+            if not shown:
+                print(UPCAST_VAE_NOTE)
             shown.append(True)
+            return
         previous(message, category, *args, **kwargs)
 
     try:

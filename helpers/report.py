@@ -206,7 +206,7 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
         return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
     if (table["measured"] != "—").any():
         return table
-    return Note(f"None of its {len(table)} comparisons is measured on this run ({_reasons(table)}); each published "
+    return Note(f"Its {len(table)} comparisons are not measured on this run ({_reasons(table)}); each published "
                 "figure is printed above, beside this run's own.")
 
 

@@ -45,6 +45,9 @@ def test_naive_processor_is_in_effect_and_matches_sdpa(model):
     assert attention.naive_calls() == before
     assert precision.drift(workloads.first_output(sdpa), workloads.first_output(ref)).rel_l2 == 0
     assert attention.unavailable_reason("sdpa", CPU, torch.float32) == ""
+    if not torch.cuda.is_available():  # the CPU has no memory-efficient kernel: said without PyTorch's wrong guess
+        why = attention.unavailable_reason("sdpa-efficient", CPU, torch.float32)
+        assert why.startswith(f"torch {torch.__version__} has no sdpa-efficient kernel for cpu") and "likely" not in why
 
 
 def test_unknown_implementation_is_refused():

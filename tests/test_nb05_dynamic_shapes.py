@@ -54,7 +54,7 @@ def test_dynamic_shapes_rows(tmp_path, backend):
     assert shown["judged"] is True and [g["holds"] for g in shown["grid"]] == [True], shown
     assert len([r for r in nb.rows["scenario"] if r.startswith("shown: ")]) == 1
     # the cost of dynamic kernels is recorded on smoke, and said to be noise there, not compared
-    assert "smoke profile: a tiny model's steps, too short to tell a cost from noise" in nb.text() and " faster than the static" not in nb.text()
+    assert "on shared cores: too short to tell a cost from noise" in nb.text() and " faster than the static" not in nb.text()
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"
     assert {"the static step is timed on the one static graph (graphs compiled while timing)",

@@ -47,7 +47,7 @@ def test_offload_rows(tmp_path):
 
         parity = nb.row(f"{mode} offload: parity")
         if mode == "sequential":  # diffusers passes cpu:0, which accelerate's leaf hooks cannot handle on a CPU
-            assert parity["status"] == "failed" and parity["extra"]["run_error"].startswith("TypeError")
+            assert parity["status"] == "skipped" and parity["extra"]["run_error"].startswith("TypeError")
             assert "as expected on a CPU" in parity["reason"]  # the learner is told it is no bug of theirs
             assert parity["extra"]["drift_vs_no_offload"] is None
         elif mode == "model":  # Module.to('cpu:0') copies the weights: at most the last bits move, exactly as a copy
@@ -109,7 +109,7 @@ def test_offload_rows(tmp_path):
     assert compiled["status"] == "skipped" and "CUDA GPU" in compiled["reason"]
     assert "offload ratios" not in set(rows["scenario"])  # no GPU, no ratios: nothing is invented
     assert (rows[rows["status"] != "ok"]["reason"].str.len() > 20).all()
-    assert set(rows[rows["status"] == "failed"]["scenario"]) == {"sequential offload: parity"}
+    assert not (rows["status"] == "failed").any(), "a CPU's expected sequential-offload error is a skipped row"
     assert (nb.figures_dir / "cpu" / "08_cpu_offload_weights_at_once.png").stat().st_size > 1000
     # the full-size floor of each mode, counted on the meta device with diffusers' own hooks: model offload holds the
     # DiT whole, block-level group offload all of T5 (its blocks sit one level down), leaf level one layer

@@ -228,22 +228,28 @@ def test_fast_compiles_a_group_offloaded_dit_whole_where_a_fullgraph_compile_fai
 
     compile_module = torch.nn.Module.compile  # dynamo alone: the failure is in tracing, not in inductor's kernels
     monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: compile_module(self, **{"backend": "eager", **kw}))
-    for knob in ("recompile_limit", "capture_dynamic_output_shape_ops"):  # fast() sets them for the process
-        monkeypatch.setattr(torch._dynamo.config, knob, getattr(torch._dynamo.config, knob))
     torch._dynamo.reset()
     pipe = offloaded()
     eager = draw(pipe)
-    pipe, steps = recipe["fast"](pipe, lossy=("cache", "fp8"), steps=2)
+    knobs = {k: getattr(torch._dynamo.config, k) for k in ("recompile_limit", "capture_dynamic_output_shape_ops")}
+    with torch._dynamo.config.patch(**knobs):  # fast() sets them for the process: put back after this test
+        pipe, steps = recipe["fast"](pipe, lossy=("cache", "fp8"), steps=2)
+        compiled_image, compiled = _draw_counted(draw, pipe)
     said = capsys.readouterr().out
     assert "lossy cache: not applied, group offload's hooks break its per-block compile" in said, said
     assert "lossy fp8: not applied, not tried under group offload" in said and "published" not in said, said
     assert steps == 2 and pipe.transformer._compiled_call_impl is not None  # the whole DiT, not its blocks
-    with compile_tools.counting() as compiled:
-        image = draw(pipe)
-    assert compiled.graphs > 1 and compile_tools.relative_error(image, eager) == 0.0  # a graph break at the hooks
+    assert compiled.graphs > 1 and compile_tools.relative_error(compiled_image, eager) == 0.0  # a break at each hook
     torch._dynamo.reset()  # else the blocks' frames, compiled with breaks above, would be reused
     wrong = offloaded()
     wrong.transformer.compile_repeated_blocks(fullgraph=True, backend="eager")
     with pytest.raises(torch._dynamo.exc.Unsupported, match="disable"):
         draw(wrong)
     torch._dynamo.reset()
+
+
+def _draw_counted(draw, pipe):
+    """draw(pipe) and what it compiled."""
+    with compile_tools.counting() as counted:
+        image = draw(pipe)
+    return image, counted

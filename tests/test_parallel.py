@@ -144,6 +144,8 @@ def test_the_scaling_model_starts_from_a_flux_step_of_notebook_03(tmp_path):
     path = tmp_path / "h100-80gb" / "03_torch_compile.jsonl"
     results.append_rows(path, [base | {"model": "sdxl", "scenario": "denoiser step compiled (default)",
                                        "latency_median_s": 0.05}])
+    assert parallel.model_unsplit_s(tmp_path)[0] == 0.0  # an SDXL row only: the steps alone
+    assert parallel.model_unsplit_s(tmp_path / "empty")[0] == 0.0  # no rows at all (a test's results folder)
     t1, source = parallel.model_step_s(tmp_path, pd.DataFrame())
     assert source.startswith("published, not measured"), source  # planted SDXL row: not taken
     results.append_rows(path, [base | {"model": "flux-dev", "scenario": s, "latency_median_s": v}
