@@ -382,10 +382,13 @@ def nf4_pipeline_on_cpu(pipeline_class: Any, source: str | Path, quant_config: A
         if device.type == "cpu":
             nf4 = len(linear4bit_names(model))
             narrow = generic_cpu_path_for_narrow_layers(model)
-            path += f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
-            routed = decode_by_format(model)
-            path += (f"; {len(routed)} of {nf4} NF4 layers decoded by the format (CPU kernel misdecodes them)"
-                     if routed else "")
+            routed = len(decode_by_format(model))
+            if narrow and narrow == routed:  # one count, said once
+                path += (f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel, as many decoded by the "
+                         "format (its AVX512 kernel misdecodes them)")
+            else:
+                path += f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""
+                path += f"; {routed} of {nf4} NF4 layers decoded by the format (CPU kernel misdecodes them)" if routed else ""
         loaded[name], paths[name] = model, path
     pipe = pipeline_class.from_pretrained(source, dtype=dtype, **loaded).to(device)
     return pipe, paths

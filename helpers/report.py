@@ -206,8 +206,8 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
         return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
     if (table["measured"] != "—").any():
         return table
-    return Note(f"Its {len(table)} comparisons are not measured on this run ({_reasons(table)}); each published "
-                "figure is printed above, beside this run's own.")
+    return Note(f"Its {len(table)} comparisons are not measured on this run ({_reasons(table)}); notebook 11 sets each "
+                "published figure beside the GPU runs' rows.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
@@ -419,15 +419,19 @@ def skipped_grouped(skipped_rows: pd.DataFrame) -> pd.DataFrame:
 # pattern that matches gives the kind, and a reason no pattern matches is its own kind (nothing is hidden).
 SKIP_KINDS: tuple[tuple[str, str], ...] = (
     (r"missing package|Hugging Face Hub at run time", "attention backend: package or Hub download absent"),
-    (r"2 or more (GPUs|CUDA)|one GPU each", "needs two or more GPUs (the lent GPU machines have one each)"),
+    (r"2 or more (GPUs|CUDA)|one GPU each", "needs two or more GPUs (this project's GPU runs had one)"),
+    (r"offloaded pipeline did not run, as expected on a CPU",
+     "sequential offload: diffusers' cannot run on a CPU (its device becomes cpu:0; a stand-in runs instead)"),
+    (r"fastest (backend )?measured", "attention: no backend measurably beat native SDPA here, so nothing to switch"),
     (r"CUDA|NVIDIA GPU|No GPU found|accelerator|kernel for cpu|device is cpu",
      "needs a CUDA GPU (a kernel, a mode or GPU memory this machine lacks)"),
     (r"^fp32: eager rounds to no narrower dtype",
      "fp32: precision-cast emulation has no narrower dtype to emulate, so the run would repeat another"),
 )
 UNCOVERED_KINDS: tuple[tuple[str, str], ...] = (
-    (r"\d+ (GPUs|H100s)|multi-GPU", "needs several GPUs (the lent GPU machines have one each)"),
-    (r"FlashAttention-3|cache-dit", "needs FlashAttention-3 or cache-dit, which the GPU machines cannot install"),
+    (r"\d+ (GPUs|H100s)|multi-GPU", "needs several GPUs (this project's GPU runs had one)"),
+    (r"FlashAttention-3|cache-dit", ("needs FlashAttention-3 or cache-dit (a Hub download or a source build; this "
+                                     "project's GPU runs had no network)")),
     (r"\bL20\b", "measured on an L20; a step cache's speedup needs the trained weights"),
     (r"Stable Diffusion 1\.5", "Stable Diffusion 1.5, not a model of this collection"),
     (r"ladder", "a single rung of diffusion-fast's ladder (the whole ladder is compared)"),

@@ -787,7 +787,7 @@ def cells_frame(cells: list[Cell]) -> pd.DataFrame:
     levers = [lever for lever in LEVERS if any(c.lever == lever for c in cells)]
     table = pd.DataFrame("", index=levers, columns=[MODEL_NAMES[m] for m in models])
     for c in cells:
-        table.loc[c.lever, MODEL_NAMES[c.model]] = c.text()
+        table.loc[c.lever, MODEL_NAMES[c.model]] = c.text(limit=240)  # a library's first line, whole as a rule
     table.index.name = "lever"
     return table
 
