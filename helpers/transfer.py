@@ -781,13 +781,16 @@ def probe_attention(sub: Subject, backends: tuple[str, ...] = attention_backends
 
 # --- the table ---
 
+TABLE_LIMIT = 240  # characters of a library's message a table cell keeps: its first line, whole as a rule
+
+
 def cells_frame(cells: list[Cell]) -> pd.DataFrame:
     """Lever rows x model columns of cell texts, in LEVERS and MODELS order ('' where not run)."""
     models = [m for m in MODELS if any(c.model == m for c in cells)]
     levers = [lever for lever in LEVERS if any(c.lever == lever for c in cells)]
     table = pd.DataFrame("", index=levers, columns=[MODEL_NAMES[m] for m in models])
     for c in cells:
-        table.loc[c.lever, MODEL_NAMES[c.model]] = c.text(limit=240)  # a library's first line, whole as a rule
+        table.loc[c.lever, MODEL_NAMES[c.model]] = c.text(limit=TABLE_LIMIT)
     table.index.name = "lever"
     return table
 

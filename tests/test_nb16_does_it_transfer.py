@@ -29,7 +29,7 @@ def test_does_it_transfer(tmp_path):
         assert transfer.verdict_holds(cell, tol), key
         assert transfer.works_problems(cell, tol) == [], key
         line = next(ln for ln in table.splitlines() if ln.startswith(f"| {cell.lever} |"))
-        assert cell.text() in line, (key, line)
+        assert cell.text(limit=transfer.TABLE_LIMIT) in line, (key, line)
 
     # what the libraries answer here, model by model
     for model in transfer.MODELS:
