@@ -24,7 +24,7 @@ from diffusers.models import attention_dispatch as dispatch
 from torch.profiler import ProfilerActivity
 from tqdm.auto import tqdm
 
-from helpers import _DropNotice, measure
+from helpers import _DropNotice, measure, text
 
 # set_attention_backend and reset_attention_backend log this notice on every call; a sweep calls them per backend.
 logging.getLogger("diffusers.models.modeling_utils").addFilter(
@@ -56,12 +56,6 @@ def hub_repo(backend: str) -> str:
     return config.repo_id if config else ""
 
 
-def _first_line(err: BaseException) -> str:
-    """'ExceptionType: first line of its message'."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-
 def skip_reason(backend: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     """Why backend cannot run attention here ('' when it can): a package that is missing, a kernel it would download,
     or a trial call that fails (with what diffusers' own checks refuse here), joined by '; '."""
@@ -84,7 +78,7 @@ def skip_reason(backend: str, device: torch.device, dtype: torch.dtype, head_dim
             dispatch.dispatch_attention_fn(probe, probe, probe, backend=name)
     except Exception as err:  # noqa: BLE001 any failure of the trial call is the reason recorded
         trial = (f"torch {torch.__version__} on {device.type} {str(dtype).removeprefix('torch.')}: "
-                 f"{_first_line(err)}")
+                 f"{text.first_line(err)}")
         if backend in CUDA_ONLY and device.type != "cuda":
             trial = f"needs CUDA: PyTorch's {CUDA_ONLY[backend]} kernel exists only on CUDA GPUs ({trial})"
         return "; ".join([*contract_breaches(backend, device, dtype, head_dim), trial])
@@ -183,10 +177,10 @@ def default_problem() -> str:
 def reason_kind(backend: str, reason: str) -> str:
     """A skip reason without what names its one backend (the name, the Hub repository, the SDPA kernel, the trial
     call's details), so that backends skipped for the same reason fall together."""
-    text = reason.replace(f" '{backend}'", "")
-    text = re.sub(r" \([\w.-]+/[\w.-]+\)", "", text)  # a Hub repository: '(kernels-community/flash-attn2)'
-    text = re.sub(r"PyTorch's [\w -]+? kernel", "PyTorch's kernel", text)
-    return re.sub(r" \(torch \S+ on .*\)$", "", text)  # the trial call's version, device and message
+    kind = reason.replace(f" '{backend}'", "")
+    kind = re.sub(r" \([\w.-]+/[\w.-]+\)", "", kind)  # a Hub repository: '(kernels-community/flash-attn2)'
+    kind = re.sub(r"PyTorch's [\w -]+? kernel", "PyTorch's kernel", kind)
+    return re.sub(r" \(torch \S+ on .*\)$", "", kind)  # the trial call's version, device and message
 
 
 def reason_groups(reasons: dict[str, str]) -> pd.DataFrame:

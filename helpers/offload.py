@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers import compile_tools, measure, params, pipelines, quantize, workloads
+from helpers import compile_tools, measure, params, pipelines, quantize, text, workloads
 from helpers.params import Run
 from helpers.results import ResultWriter
 
@@ -54,15 +54,10 @@ def hooks_in_repeated_blocks(model: torch.nn.Module) -> int:
 
 def describe_error(err: BaseException) -> str:
     """'ExceptionType: first line of the message', short enough for a result row."""
-    text = str(err).strip()
-    line = text.splitlines()[0] if text else ""
+    message = str(err).strip()
+    line = message.splitlines()[0] if message else ""
     cut = line[:300] + (" …" if len(line) > 300 or line.endswith(":") else "")  # a line that goes on says so
     return f"{type(err).__name__}: {cut}"
-
-
-def _cut(text: str, limit: int) -> str:
-    """text, or its first limit - 1 characters and an ellipsis when it is longer."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def error_of(fn: Callable[[], Any]) -> str:
@@ -432,7 +427,7 @@ class ModeChecks:
         hooks = hook_summary(pipe)
         count = sum(h["accelerate_hooks"] + h["group_offload_hooks"] for h in hooks.values())
         print(f"{scenario or mode + ' offload'}: {count} hooks; " + (
-            f"did not run here{', ' + cause if known else ''}: {_cut(run_error.split(' - ')[0], 90)}" if run_error else "ran; no reference to compare its latents with"
+            f"did not run here{', ' + cause if known else ''}: {text.cut(run_error.split(' - ')[0], 90)}" if run_error else "ran; no reference to compare its latents with"
             if self.reference is None else f"latents against no offload's: relative L2 {drift:.3g}"))
         return run_error, drift
 

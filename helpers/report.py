@@ -111,6 +111,31 @@ def _fmt(value: float | None, kind: str, field: str) -> str:
     return f"{value:.2f} s"
 
 
+def _comparison(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR) -> pd.Series:
+    """The one row of comparisons.csv with this id; a KeyError naming the id otherwise."""
+    comps = comparisons(reference_dir)
+    hit = comps[comps["id"] == comparison_id]
+    if len(hit) != 1:
+        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
+    return hit.iloc[0]
+
+
+def _published_of(pub: pd.DataFrame, c: Any) -> float:
+    """A comparison's published figure: the value itself, or for a speedup or ratio the quotient of its two values."""
+    pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
+    if c.kind in ("absolute", "factor"):  # a 'factor' is published as the ratio itself (unit x)
+        return pval
+    base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
+    return base / pval if c.kind == "speedup" else pval / base
+
+
+def _published_phrase(pub: pd.DataFrame, c: Any) -> str:
+    """'5.58 s for flux-dev on H200 (sglang PR 19673)'-style: the published figure, where and whose."""
+    row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
+    published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
+    return f"{_fmt(_published_of(pub, c), c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
+
+
 def compare(rows: pd.DataFrame, notebook: str | None = None,
             reference_dir: Path = paths.REFERENCE_DIR, results_dir: Path = paths.RESULTS_DIR) -> pd.DataFrame:
     """For every comparison (of one notebook, or all), the published and measured values, factor and verdict, and
@@ -122,10 +147,7 @@ def compare(rows: pd.DataFrame, notebook: str | None = None,
     hardwares = sorted(rows["hardware"].unique()) if not rows.empty else ["cpu"]
     for hw in hardwares:
         for c in comps.itertuples():
-            pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
-            if c.kind not in ("absolute", "factor"):  # a 'factor' is published as the ratio itself (unit x)
-                base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
-                pval = base / pval if c.kind == "speedup" else pval / base
+            pval = _published_of(pub, c)
             mine = rows[(rows["hardware"] == hw) & (rows["notebook"] == c.notebook)] if not rows.empty else rows
             profiles = set(mine["profile"]) if not mine.empty else set()
             models = set(mine["model"]) if not mine.empty else set()
@@ -206,8 +228,9 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
         return Note(f"Nothing to compare: no comparison in comparisons.csv covers {notebook}.")
     if (table["measured"] != "—").any():
         return table
-    return Note(f"Its {len(table)} comparisons are not measured on this run ({_reasons(table)}); notebook 11 sets each "
-                "published figure beside the GPU runs' rows.")
+    n = len(table)
+    return Note(f"{'Its comparison is' if n == 1 else f'Its {n} comparisons are'} not measured on this run "
+                f"({_reasons(table)}); notebook 11 sets each published figure beside the GPU runs' rows.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,
@@ -217,15 +240,7 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
     run measured and on what, then the published figure, its hardware and source; a figure the smoke profile or
     another hardware class cannot compare is said to be no comparison, in the same line; off the full profile, the
     project's own committed GPU figure follows (project_figure)."""
-    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
-    hit = comps[comps["id"] == comparison_id]
-    if len(hit) != 1:
-        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
-    c = hit.iloc[0]
-    pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
-    if c.kind not in ("absolute", "factor"):
-        base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
-        pval = base / pval if c.kind == "speedup" else pval / base
+    pub, c = published_numbers(reference_dir), _comparison(comparison_id, reference_dir)
     what = c.get("label") or {"speedup": "speedup", "ratio": "ratio", "factor": "factor"}.get(
         c.kind, c.published_metric.replace("_", " "))  # what is compared, in words (comparisons.csv's label)
     mine = ("not measured" if measured is None else measure.human_speedup(measured) if c.kind == "speedup"
@@ -238,12 +253,10 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
         status = f"no comparison: published on {c.hardware_class}"
     else:
         status = "compared in the table below"
-    row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
-    published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
     ours = "" if profile == "full" else project_figure(comparison_id, reference_dir, results_dir)
-    return (f"{what}: this run ({hardware}, {profile} profile) {mine} ({status}); published: "
-            f"{_fmt(pval, c.kind, c.measured_field)} for {c.model} on {published_hw} ({c.published_source})"
-            + (f"; {ours}" if ours else ""))
+    published = _published_phrase(pub, c).replace(" on ", f" for {c.model} on ", 1)
+    return f"{what}: this run ({hardware}, {profile} profile) {mine} ({status}); published: {published}" + (
+        f"; {ours}" if ours else "")
 
 
 def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
@@ -261,42 +274,31 @@ def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR
     table = compare(full, notebook, reference_dir, results_dir)
     table = table[(table["comparison"] == comparison_id) & (table["measured"] != "—")]
     phrases = []
-    for t in table.to_dict("records"):
+    records = sorted(table.to_dict("records"), key=lambda t: t["verdict"].startswith("not compared"))  # like first
+    for t in records:
         day = str(full.loc[full["hardware"] == t["hardware"], "timestamp"].max())[:10]
         why = t["why the gap"]  # a paragraph, given in notebook 11's table
         gap = "" if not why else f" ({why})" if why == GAP_UNEXPLAINED else " (why: notebook 11)"
-        verdict = f"{t['verdict']} of the published figure" if t["verdict"].startswith("within") else t["verdict"]
+        verdict = (f"{t['verdict']} of the published figure" if t["verdict"].startswith("within")
+                   else "another GPU, not compared" if t["verdict"].startswith("not compared: published on")
+                   else t["verdict"])
         phrases.append(f"{t['measured']} on {t['hardware']} ({day}), {verdict}{gap}")
     return ("measured by this project: " + "; ".join(phrases)) if phrases else ""
 
 
 def headline(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
              results_dir: Path = paths.RESULTS_DIR) -> str:
-    """The TL;DR line of a notebook: the comparison's figure as this project measured it on a GPU where a full-profile
-    run is committed (with its verdict), and the published figure with its hardware and source."""
-    pub, comps = published_numbers(reference_dir), comparisons(reference_dir)
-    hit = comps[comps["id"] == comparison_id]
-    if len(hit) != 1:
-        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
-    c = hit.iloc[0]
-    pval = _published_value(pub, c.published_source, c.published_scenario, c.published_metric)
-    if c.kind not in ("absolute", "factor"):
-        base = _published_value(pub, c.published_source, c.published_base_scenario, c.published_metric)
-        pval = base / pval if c.kind == "speedup" else pval / base
-    row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
-    published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
-    published = f"published: {_fmt(pval, c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
+    """The TL;DR line of a notebook: the published figure with its hardware and source, then the comparison's figure
+    as this project measured it on each GPU where a full-profile run is committed (with its verdict)."""
+    pub, c = published_numbers(reference_dir), _comparison(comparison_id, reference_dir)
+    published = f"published: {_published_phrase(pub, c)}"
     ours = project_figure(comparison_id, reference_dir, results_dir)
-    return f"{ours}; {published}" if ours else f"{published}; not yet measured on a GPU by notebook {c.notebook[:2]}"
+    return f"{published}; {ours}" if ours else f"{published}; not yet measured on a GPU by notebook {c.notebook[:2]}"
 
 
 def label(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR) -> str:
     """What a comparison compares, in words (comparisons.csv's label column)."""
-    comps = comparisons(reference_dir)
-    hit = comps[comps["id"] == comparison_id]
-    if len(hit) != 1:
-        raise KeyError(f"comparisons.csv has {len(hit)} rows with id {comparison_id!r}")
-    return str(hit.iloc[0]["label"])
+    return str(_comparison(comparison_id, reference_dir)["label"])
 
 
 def tldr(comparison_id: str) -> str:

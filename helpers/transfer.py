@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from helpers import attention_backends, caching, compile_tools, measure, pipelines, results, stack
+from helpers import attention_backends, caching, compile_tools, measure, pipelines, results, stack, text
 
 MODELS: tuple[str, ...] = ("flux-dev", "qwen-image", "flux2-dev")
 MODEL_NAMES: dict[str, str] = {"flux-dev": "Flux-1-Dev", "qwen-image": "Qwen-Image", "flux2-dev": "FLUX.2 [dev]"}
@@ -84,17 +84,10 @@ class Cell:
         return f"{words}: {detail}" if detail else words
 
 
-def shorten(text: str, limit: int = 160) -> str:
+def shorten(message: str, limit: int = 160) -> str:
     """One line of a library message, at most limit characters, '|' escaped for markdown."""
-    line = " ".join(str(text).split())
-    line = line if len(line) <= limit else line[: limit - 1] + "…"
-    return line.replace("|", "/")
-
-
-def first_line(err: BaseException) -> str:
-    """'ExceptionType: the first line of its message'."""
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+    line = " ".join(str(message).split())
+    return text.cut(line, limit).replace("|", "/")
 
 
 # --- the pipeline under test ---
@@ -449,7 +442,7 @@ def _compile_once(sub: Subject, apply: Callable[[torch.nn.Module], Any], inputs:
             out["compiled_step_s"] = measure.time_callable(lambda: sub.step(inputs=inputs), sub.device,
                                                            repeats=timed[0], warmup=timed[1]).median_s
     except Exception as err:  # noqa: BLE001 the library's refusal is the fact recorded
-        out["error"] = first_line(err)
+        out["error"] = text.first_line(err)
     finally:
         compile_tools.uncompile(net)
         compile_tools.reset()
@@ -466,7 +459,7 @@ def _breaks_without_fullgraph(sub: Subject, apply: Callable[[torch.nn.Module], A
         return {"graph_breaks": seen.graph_breaks, "first_break": next(iter(seen.break_reasons), ""),
                 "break_reasons": seen.break_reasons}
     except Exception as err:  # noqa: BLE001
-        return {"graph_breaks": 0, "first_break": first_line(err)}
+        return {"graph_breaks": 0, "first_break": text.first_line(err)}
     finally:
         compile_tools.uncompile(sub.net)
         compile_tools.reset()
@@ -520,7 +513,7 @@ def probe_resolution(sub: Subject, sizes: list[tuple[int, int]]) -> Cell:
             measured["graph_breaks"] = measured.get("graph_breaks", 0) + later.graph_breaks
             compile_tools.uncompile(sub.net)
     except Exception as err:  # noqa: BLE001
-        measured["error"] = first_line(err)
+        measured["error"] = text.first_line(err)
     finally:
         compile_tools.uncompile(sub.net)
         compile_tools.reset()
@@ -564,7 +557,7 @@ def _cached_call(sub: Subject, name: str, prompt: str, steps: int, wrap: bool) -
             latents = sub.pipe(**sub.call_kwargs(prompt, steps)).images
         return counts.summary() | {"pattern": counts.pattern(), "finite": bool(torch.isfinite(latents).all())}
     except Exception as err:  # noqa: BLE001
-        return {"error": first_line(err)}
+        return {"error": text.first_line(err)}
     finally:
         with contextlib.suppress(Exception):
             sub.net.disable_cache()
@@ -616,7 +609,7 @@ def probe_quantized(sub: Subject, name: str) -> Cell:
                                  and type(m.weight).__name__ != "Parameter")
         sub.step()
     except (AssertionError, NotImplementedError, RuntimeError) as err:
-        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
+        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = text.first_line(err)
     if not measured.get("refused") and not measured.get("error"):
         measured |= _compile_once(sub, lambda net: net.compile_repeated_blocks(fullgraph=True, backend=sub.compiler))
     sub.restore()
@@ -627,10 +620,10 @@ def _hardware_refusal(err: BaseException, device: torch.device) -> bool:
     """Whether a library error says this hardware lacks something (a GPU, a compute capability), not the model. On a
     CUDA GPU only a compute capability counts: an error naming CUDA there (tensors on cuda:0 and cpu, cuBLAS, out of
     memory) is a failure the GPU run exists to find."""
-    text = str(err).lower()
+    said = str(err).lower()
     words = ("compute capability",) if device.type == "cuda" else ("cuda", "gpu", "compute capability",
                                                                     "accelerator", "xpu")
-    return any(w in text for w in words)
+    return any(w in said for w in words)
 
 
 def nf4_config(dtype: torch.dtype) -> Any:
@@ -663,7 +656,7 @@ def probe_nf4(sub: Subject, profile: str) -> Cell:
                 measured["layers"] = sum(1 for m in net.modules() if type(m).__name__ == "Linear4bit")
                 measured["drift"] = compile_tools.relative_error(sub.step(module=net), sub.reference)
             except Exception as err:  # noqa: BLE001
-                measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
+                measured["refused" if _hardware_refusal(err, sub.device) else "error"] = text.first_line(err)
     return Cell(sub.model, "nf4", *verdict_nf4(measured, QUANTIZED_DRIFT_BAND["nf4"]), measured=measured)
 
 
@@ -693,7 +686,7 @@ def probe_lora(sub: Subject, folder: Path) -> Cell:
                      "swap_recompiles": swapped.graphs,
                      "drift": compile_tools.relative_error(out, ordinary)}
     except Exception as err:  # noqa: BLE001
-        measured["error"] = first_line(err)
+        measured["error"] = text.first_line(err)
     finally:
         compile_tools.uncompile(sub.net)
         compile_tools.reset()
@@ -725,7 +718,7 @@ def probe_offload(sub: Subject, mode: str) -> Cell:
                                           if cuda else "hooks installed, but a CPU moves nothing (onload and "
                                           "offload are the same memory)")
     except Exception as err:  # noqa: BLE001
-        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = first_line(err)
+        measured["refused" if _hardware_refusal(err, sub.device) else "error"] = text.first_line(err)
     finally:
         if installed:  # model offload: hooks off, weights back; group offload: its hooks live in the denoiser
             with contextlib.suppress(Exception):

@@ -26,14 +26,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from helpers import compile_tools, parallel, params, pipelines
+from helpers import compile_tools, parallel, params, pipelines, text
 
 NOT_DIVISIBLE = "divisible by mesh size"  # the plain config's refusal of an uneven split (transfer.NOT_DIVISIBLE)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def _split(net: torch.nn.Module, inputs: dict[str, Any], reference: torch.Tensor, **config: Any) -> dict[str, Any]:
@@ -47,7 +42,7 @@ def _split(net: torch.nn.Module, inputs: dict[str, Any], reference: torch.Tensor
         with torch.inference_mode():
             out = net(**inputs)[0]
     except Exception as err:  # noqa: BLE001 the library's message is the result, with the shape it was given
-        return {"error": _first_line(err)}
+        return {"error": text.first_line(err)}
     return {"drift": compile_tools.relative_error(out, reference)}
 
 
@@ -90,7 +85,7 @@ def main(argv: list[str]) -> int:
         result = split_step(model, profile, params.DTYPES[dtype_name], int(seed), int(height), int(width),
                             int(tokens), weights=rest[0] if rest else "random")
     except Exception as err:  # noqa: BLE001 the library's message is the result
-        result = {"error": _first_line(err)}
+        result = {"error": text.first_line(err)}
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()

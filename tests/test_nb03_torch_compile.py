@@ -7,7 +7,7 @@ figure in the lesson, every claim in the Checks cell, and bad knobs fail fast.""
 import pytest
 import torch
 
-from helpers import compile_tools, params
+from helpers import compile_tools, measure, params
 from tests.nbrun import run_notebook, run_setup
 
 pytestmark = pytest.mark.notebook
@@ -75,7 +75,8 @@ def test_torch_compile_rows(tmp_path):
     assert f"take {compile_tools.share_word(share)} of the eager image" in text
     assert f"{compile_tools.speed_phrase(x['speedup'], 'eager')} ({x['speedup']:.2f}x)" in text
     assert f"whole pipeline: {compile_tools.speed_phrase(w['speedup'], 'eager')} ({w['speedup']:.2f}x)" in text
-    assert f"compiled over eager, whole image: this run (cpu, smoke profile) {w['speedup']:.2f}x (tiny model: no comparison)" in text
+    assert (f"compiled over eager, whole image: this run (cpu, smoke profile) {measure.human_speedup(w['speedup'])} "
+            "(tiny model: no comparison)") in text
     deeper = next(i for i, c in enumerate(nb.notebook.cells) if c.source.startswith("## Going deeper"))
     lesson = "\n".join(o.get("text", "") or str(o.get("data", {}).get("text/plain", ""))
                        for c in nb.notebook.cells[:deeper] for o in c.get("outputs", []))
@@ -86,7 +87,7 @@ def test_torch_compile_rows(tmp_path):
     assert SHOWN[MAIN] in lesson and "compiled (default" not in lesson
     assert "committed GPU run on h200, full profile" in lesson, "the committed H200 figure is shown in the lesson"
     # the TL;DR line: the project's committed H200 speedup beside the published one (report.headline)
-    assert any(ln.startswith("TL;DR, compiled over eager, whole image: measured by this project: ") and " on h200 " in ln and "published: " in ln
+    assert any(ln.startswith("TL;DR, compiled over eager, whole image: published: ") and " on h200 " in ln and "measured by this project: " in ln
                for ln in lesson.splitlines())
     # fail_on_recompile refused a step at half the resolution, naming the failed guard (Going deeper)
     assert "Detected recompile when torch.compile stance is 'fail_on_recompile'" in text

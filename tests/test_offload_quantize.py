@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import offload, params, pipelines, quantize
+from helpers import offload, params, pipelines, quantize, text
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_error_helpers():
     assert offload.describe_error(TypeError("got (Tensor), but expected one of:\n * (int)")) == (
         "TypeError: got (Tensor), but expected one of: …")  # a line that goes on says so
     assert offload.describe_error(ValueError("x" * 400)).endswith("x …")
-    assert offload._cut("short", 90) == "short" and offload._cut("y" * 100, 90) == "y" * 89 + "…"
+    assert text.cut("short", 90) == "short" and text.cut("y" * 100, 90) == "y" * 89 + "…"
     reason = offload.no_accelerator_reason("sequential")
     assert reason.startswith("sequential offload") and "no CUDA GPU" in reason
 

@@ -1,6 +1,7 @@
 """Result rows: schema, atomic appends, reruns keep earlier rows, latest-run reading, the report."""
 
 import json
+from unittest import mock
 
 import pandas as pd
 import pytest
@@ -105,6 +106,9 @@ def test_a_notebook_shows_its_comparisons_as_one_line_until_one_is_measured():
     measured = report.notebook_comparisons(_compiled_03(1.45), "03_torch_compile")  # a planted full-profile row
     assert isinstance(measured, pd.DataFrame) and measured["measured / published"].notna().any()
     assert report.notebook_comparisons(smoke, "11_reproduction_report").startswith("Nothing to compare")
+    one = pd.DataFrame([{"comparison": "a", "measured": "—", "verdict": "not measured: no rows"}])
+    with mock.patch.object(report, "compare", return_value=one):  # one comparison: said in the singular
+        assert report.notebook_comparisons(smoke, "03_torch_compile").startswith("Its comparison is not measured")
 
 
 @pytest.mark.parametrize("factor, better, expected", [
