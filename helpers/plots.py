@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker as mticker
 
 from helpers.params import Run
 
@@ -102,8 +103,14 @@ def lines(x: Sequence[float], series: dict[str, Sequence[float]], *, title: str,
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=11)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    if logy:
+    if logy:  # plain numbers on every labelled tick ('0.006', not '6 x 10^-3')
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        low, high = ax.get_ylim()
+        if high / low < 30:  # within about a decade and a half, label 2, 4 and 6 of each decade too
+            ax.yaxis.set_minor_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "246" else ""))
+    if len(x) <= 8:
+        ax.set_xticks(list(x))  # a tick at each measured point
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -52,7 +52,7 @@ def prompt(digit: int, phrasing: int = 0) -> str:
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's digits as (images (N, 8, 8) in [0, 1], labels (N,)); needs scikit-learn."""
-    from sklearn.datasets import load_digits as sk_load_digits  # lazy: only training and tests need it
+    from sklearn.datasets import load_digits as sk_load_digits  # lazy: training, tests, real_frechet
 
     data = sk_load_digits()
     images = torch.tensor(data.images, dtype=torch.float32) / 16.0
@@ -303,6 +303,15 @@ def frechet_distance(images: Images, reference: Images | None = None, folder: Pa
     else:
         mu2, s2 = feature_stats(features(reference, folder))
     return _frechet(mu1, s1, mu2.double(), s2.double())
+
+
+def real_frechet(per_digit: int = 1, folder: Path = CLASSIFIER_DIR) -> float:
+    """frechet_distance of real held-out digits, per_digit of each: what a perfect generator scores at that sample
+    size (the floor a generated sample's distance is read against); needs scikit-learn."""
+    images8, labels = load_digits()
+    _, held = holdout_split(labels)
+    idx = torch.cat([held[labels[held] == d][:per_digit] for d in range(10)])
+    return frechet_distance(upsample(images8[idx]), folder=folder)
 
 
 def psnr(image: Images, reference: Images) -> float:

@@ -259,6 +259,26 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
         f"; {ours}" if ours else "")
 
 
+def beside_published(figures: dict[str, float | None], hardware: str, profile: str,
+                     reference_dir: Path = paths.REFERENCE_DIR, results_dir: Path = paths.RESULTS_DIR) -> Note:
+    """Several comparisons' lines (comparison id: this run's figure or None): a published_line for each measured
+    figure, then the unmeasured ones under one line that says so, each with its published figure and the project's
+    own GPU figure where committed."""
+    lines = [published_line(c, v, hardware, profile, reference_dir, results_dir=results_dir)
+             for c, v in figures.items() if v is not None]
+    missing = [c for c, v in figures.items() if v is None]
+    if len(missing) == 1:
+        lines.append(published_line(missing[0], None, hardware, profile, reference_dir, results_dir=results_dir))
+    elif missing:
+        pub = published_numbers(reference_dir)
+        lines.append(f"not measured on this run ({hardware}, {profile} profile); published:")
+        for cid in missing:
+            c, ours = _comparison(cid, reference_dir), project_figure(cid, reference_dir, results_dir)
+            published = _published_phrase(pub, c).replace(" on ", f" for {c.model} on ", 1)
+            lines.append(f"- {c.label}: {published}" + (f"; {ours}" if ours else ""))
+    return Note("\n".join(lines))
+
+
 def project_figure(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR,
                    results_dir: Path = paths.RESULTS_DIR) -> str:
     """The project's own committed full-profile figures of a comparison, one phrase per GPU ('measured by this

@@ -69,3 +69,13 @@ def test_the_smoke_caveat_names_the_device_and_is_empty_on_the_full_profile():
     assert plots.smoke_caveat(run) == "; smoke: a tiny model on a CPU, not the full-size workload"
     assert "on a GPU" in plots.smoke_caveat(replace(run, device=torch.device("cuda")), "\n")
     assert plots.smoke_caveat(replace(run, profile="full")) == ""
+
+
+def test_a_log_axis_reads_as_plain_numbers_with_a_tick_at_each_point():
+    fig = plots.lines([128, 256, 512], {"a": [0.004, 0.006, 0.013]}, title="t", xlabel="x (px)", ylabel="y (s)",
+                      logy=True)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True) if t.get_text()]
+    assert "0.01" in labels and "0.004" in labels and not any("10^" in s or "times" in s for s in labels), labels
+    assert list(ax.get_xticks()) == [128, 256, 512]

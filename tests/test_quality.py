@@ -192,3 +192,12 @@ def test_ssim_is_torchmetrics_ssim_without_torchmetrics(digits):
     assert quality.ssim(a, b) == pytest.approx(float(tm_ssim(a, b, data_range=1.0)), abs=1e-5)
     with pytest.raises(ValueError, match="differ in shape"):
         quality.ssim(ref[:2], ref)
+
+
+def test_real_digits_frechet_is_the_training_reports_floor_and_shrinks_with_the_sample():
+    """01 prints ten real digits' distance beside the formats'; the helper gives the figure training recorded."""
+    import json
+
+    recorded = json.loads((quality.CLASSIFIER_DIR.parent / "flux-dev-smoke" / "metrics.json").read_text())["real_fd"]
+    assert quality.real_frechet(10) == pytest.approx(recorded, rel=1e-6)  # train_smoke's eval: 10 of each digit
+    assert quality.real_frechet(1) > quality.real_frechet(4) > quality.real_frechet(10)  # biased up for small samples

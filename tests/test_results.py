@@ -477,3 +477,14 @@ def test_every_comparison_is_named_in_words_and_the_tldr_line_leads_with_it():
         "compiled over eager, whole image: this run (cpu, smoke profile) 1.20x")
     with pytest.raises(KeyError, match="no-such-id"):
         report.label("no-such-id")
+
+
+def test_figures_not_measured_on_a_run_are_said_once_with_their_published_figures(tmp_path):
+    figures = {"offload-latency": 30.0, "offload-peak-memory": None, "offload-memory-ratio": None}
+    lines = report.beside_published(figures, "cpu", "smoke", results_dir=tmp_path).splitlines()
+    assert lines[0].startswith("model offload, image (s): this run (cpu, smoke profile) 30.00 s")
+    assert lines[1] == "not measured on this run (cpu, smoke profile); published:"
+    assert lines[2] == "- model offload, peak GPU memory: 22.7 GiB for flux-dev on H100 (hands-on-guide)"
+    assert lines[3].startswith("- model offload's peak / no offload's: 0.69x") and len(lines) == 4
+    one = report.beside_published({"offload-peak-memory": None}, "cpu", "smoke", results_dir=tmp_path)
+    assert one == report.published_line("offload-peak-memory", None, "cpu", "smoke", results_dir=tmp_path)

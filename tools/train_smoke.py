@@ -288,12 +288,6 @@ def evaluate(folder: Path, seeds: list[int], dtypes: dict[str, torch.dtype], ste
     return out
 
 
-def real_reference_fd(images8: torch.Tensor, labels: torch.Tensor, held: torch.Tensor, per_digit: int) -> float:
-    """Frechet distance of real held-out digits, per_digit of each (the floor for a sample of that size)."""
-    idx = torch.cat([held[labels[held] == d][:per_digit] for d in range(10)])
-    return quality.frechet_distance(quality.upsample(images8[idx]))
-
-
 def model_card(folder: Path, metrics: dict, args: argparse.Namespace) -> str:
     """README.md of the saved folder: what it is, data, prompts, recipe, parameters, metrics, how to reproduce."""
     ev, params, cls = metrics["eval"], metrics["params"], metrics["classifier"]
@@ -491,7 +485,7 @@ def main() -> None:
         pipe.save_pretrained(args.out, safe_serialization=True)
         evals = evaluate(args.out, list(range(args.eval_seeds)), {"fp32": torch.float32}, [2, 4, 8])
         evals |= evaluate(args.out, list(range(args.bf16_seeds)), {"bf16": torch.bfloat16}, [2, 4, 8])
-        real_fd = real_reference_fd(images8, labels, held, args.eval_seeds)
+        real_fd = quality.real_frechet(args.eval_seeds)
         log(f"real held-out digits ({args.eval_seeds} per digit): frechet {real_fd:.3f}")
     total = time.perf_counter() - t_start
     log(f"total {total:.1f} s  ({', '.join(f'{k}: {v:.0f} s' for k, v in Phase.times.items())})")
