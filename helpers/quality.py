@@ -52,7 +52,7 @@ def prompt(digit: int, phrasing: int = 0) -> str:
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's digits as (images (N, 8, 8) in [0, 1], labels (N,)); needs scikit-learn."""
-    from sklearn.datasets import load_digits as sk_load_digits  # lazy: training, tests, real_frechet
+    from sklearn.datasets import load_digits as sk_load_digits  # lazy: only training and tests need it
 
     data = sk_load_digits()
     images = torch.tensor(data.images, dtype=torch.float32) / 16.0
@@ -273,6 +273,7 @@ def calibrate(model: DigitClassifier, folder: Path, images: torch.Tensor, labels
     save_file({"train_8x8": x8[train].contiguous(), "train_labels": labels[train].to(torch.int32).contiguous()},
               str(folder / "judge.safetensors"))
     (folder / "judge.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_heldout(folder, images, labels, held)
     _judge.cache_clear()
     return info
 
@@ -305,13 +306,28 @@ def frechet_distance(images: Images, reference: Images | None = None, folder: Pa
     return _frechet(mu1, s1, mu2.double(), s2.double())
 
 
+HELDOUT_FILE = "heldout.safetensors"  # the held-out real digits (8x8), shipped beside the judge
+
+
+def write_heldout(folder: Path, images: torch.Tensor, labels: torch.Tensor, held: torch.Tensor) -> Path:
+    """Write the held-out digits (8x8 in [0, 1], with labels) to folder, for real_frechet on hosts without
+    scikit-learn."""
+    from safetensors.torch import save_file
+
+    path = folder / HELDOUT_FILE
+    save_file({"images": images[held].contiguous(), "labels": labels[held].to(torch.int32).contiguous()}, str(path))
+    return path
+
+
 def real_frechet(per_digit: int = 1, folder: Path = CLASSIFIER_DIR) -> float:
-    """frechet_distance of real held-out digits, per_digit of each: what a perfect generator scores at that sample
-    size (the floor a generated sample's distance is read against); needs scikit-learn."""
-    images8, labels = load_digits()
-    _, held = holdout_split(labels)
-    idx = torch.cat([held[labels[held] == d][:per_digit] for d in range(10)])
-    return frechet_distance(upsample(images8[idx]), folder=folder)
+    """frechet_distance of real held-out digits, the first per_digit of each class: what real digits score at that
+    sample size (it grows as the sample shrinks), to read a generated sample's distance against."""
+    from safetensors.torch import load_file
+
+    held = load_file(str(folder / HELDOUT_FILE))
+    labels = held["labels"].long()
+    idx = torch.cat([torch.nonzero(labels == d).flatten()[:per_digit] for d in range(10)])
+    return frechet_distance(upsample(held["images"][idx]), folder=folder)
 
 
 def psnr(image: Images, reference: Images) -> float:
