@@ -229,8 +229,9 @@ def notebook_comparisons(rows: pd.DataFrame, notebook: str,
     if (table["measured"] != "—").any():
         return table
     n = len(table)
-    return Note(f"{'Its comparison is' if n == 1 else f'Its {n} comparisons are'} not measured on this run "
-                f"({_reasons(table)}); notebook 11 sets each published figure beside the GPU runs' rows.")
+    what = "This notebook's comparison is" if n == 1 else f"This notebook's {n} comparisons are"
+    return Note(f"{what} not measured on this run: {_reasons(table)}. Notebook 11 sets each published figure beside "
+                "the GPU runs' rows.")
 
 
 def published_line(comparison_id: str, measured: float | None, hardware: str, profile: str,

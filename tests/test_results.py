@@ -101,14 +101,14 @@ def test_a_notebook_shows_its_comparisons_as_one_line_until_one_is_measured():
                            "scenario": "pipeline eager", "status": "ok", "latency_median_s": 1.0}])
     line = report.notebook_comparisons(smoke, "03_torch_compile")
     n = len(report.compare(smoke, "03_torch_compile"))
-    assert isinstance(line, report.Note) and line.startswith(f"Its {n} comparisons are not measured on this run (")
+    assert isinstance(line, report.Note) and line.startswith(f"This notebook's {n} comparisons are not measured on this run: ")
     assert "smoke profile only" in line
     measured = report.notebook_comparisons(_compiled_03(1.45), "03_torch_compile")  # a planted full-profile row
     assert isinstance(measured, pd.DataFrame) and measured["measured / published"].notna().any()
     assert report.notebook_comparisons(smoke, "11_reproduction_report").startswith("Nothing to compare")
     one = pd.DataFrame([{"comparison": "a", "measured": "—", "verdict": "not measured: no rows"}])
     with mock.patch.object(report, "compare", return_value=one):  # one comparison: said in the singular
-        assert report.notebook_comparisons(smoke, "03_torch_compile").startswith("Its comparison is not measured")
+        assert report.notebook_comparisons(smoke, "03_torch_compile").startswith("This notebook's comparison is not measured")
 
 
 @pytest.mark.parametrize("factor, better, expected", [
