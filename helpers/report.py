@@ -129,11 +129,13 @@ def _published_of(pub: pd.DataFrame, c: Any) -> float:
     return base / pval if c.kind == "speedup" else pval / base
 
 
-def _published_phrase(pub: pd.DataFrame, c: Any) -> str:
-    """'5.58 s for flux-dev on H200 (sglang PR 19673)'-style: the published figure, where and whose."""
+def _published_phrase(pub: pd.DataFrame, c: Any, with_model: bool = False) -> str:
+    """'5.58 s on H200 (sglang PR 19673)' (with_model: '5.58 s for flux-dev on H200 (...)'): the published figure,
+    where and whose."""
     row = pub[(pub["source"] == c.published_source) & (pub["scenario"] == c.published_scenario)]
     published_hw = row["hardware"].iloc[0] if len(row) else c.hardware_class
-    return f"{_fmt(_published_of(pub, c), c.kind, c.measured_field)} on {published_hw} ({c.published_source})"
+    model = f" for {c.model}" if with_model else ""
+    return f"{_fmt(_published_of(pub, c), c.kind, c.measured_field)}{model} on {published_hw} ({c.published_source})"
 
 
 def compare(rows: pd.DataFrame, notebook: str | None = None,
@@ -255,7 +257,7 @@ def published_line(comparison_id: str, measured: float | None, hardware: str, pr
     else:
         status = "compared in the table below"
     ours = "" if profile == "full" else project_figure(comparison_id, reference_dir, results_dir)
-    published = _published_phrase(pub, c).replace(" on ", f" for {c.model} on ", 1)
+    published = _published_phrase(pub, c, with_model=True)
     return f"{what}: this run ({hardware}, {profile} profile) {mine} ({status}); published: {published}" + (
         f"; {ours}" if ours else "")
 
@@ -275,8 +277,7 @@ def beside_published(figures: dict[str, float | None], hardware: str, profile: s
         lines.append(f"not measured on this run ({hardware}, {profile} profile); published:")
         for cid in missing:
             c, ours = _comparison(cid, reference_dir), project_figure(cid, reference_dir, results_dir)
-            published = _published_phrase(pub, c).replace(" on ", f" for {c.model} on ", 1)
-            lines.append(f"- {c.label}: {published}" + (f"; {ours}" if ours else ""))
+            lines.append(f"- {c.label}: {_published_phrase(pub, c, with_model=True)}" + (f"; {ours}" if ours else ""))
     return Note("\n".join(lines))
 
 
