@@ -389,12 +389,20 @@ def worker_pythonpath() -> str:
     return os.pathsep.join([str(paths.ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
+def port_taken(output: str) -> bool:
+    """Whether a failed launch's output says its rendezvous port was already in use (a race with another launch)."""
+    return "EADDRINUSE" in output or "address already in use" in output.lower()
+
+
 def torchrun(nproc: int, *target: str, timeout_s: float = 600) -> str:
     """Run target under torchrun with nproc processes (this project put before the PYTHONPATH it inherits, one
     thread per process unless OMP_NUM_THREADS says otherwise); its output, or raise with it."""
     env = os.environ | {"PYTHONPATH": worker_pythonpath(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    done = subprocess.run(torchrun_command(nproc, *target), cwd=paths.ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    for _ in range(2):  # a port another launch took between torchrun's choosing it and binding it: try once more
+        done = subprocess.run(torchrun_command(nproc, *target), cwd=paths.ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+        if done.returncode == 0 or not port_taken(done.stdout + done.stderr):
+            break
     if done.returncode != 0:
         raise RuntimeError(f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done.stdout

@@ -215,3 +215,24 @@ def test_each_strategy_splits_a_copy_but_the_last_splits_the_model_itself():
     assert [s for s, _ in got] == ["ulysses", "ring"]
     assert got[0][1] is not model and torch.equal(got[0][1].weight, model.weight) and got[1][1] is model
     assert next(parallel_worker.split_copies(model, ["ring"]))[1] is model
+
+
+def test_a_launch_whose_port_was_taken_is_tried_once_more(monkeypatch):
+    import subprocess
+
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        taken = "DistNetworkError: ... name: EADDRINUSE, message: address already in use"
+        return subprocess.CompletedProcess(cmd, 1 if len(calls) == 1 else 0, "ok" if len(calls) > 1 else "", taken)
+
+    monkeypatch.setattr(parallel.subprocess, "run", fake_run)
+    assert parallel.torchrun(2, "-m", "x") == "ok" and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(parallel.subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(
+        cmd, 1, "", "ValueError: a real failure"))
+    with pytest.raises(RuntimeError, match="a real failure"):
+        parallel.torchrun(2, "-m", "x")
+    assert len(calls) == 1  # a failure of the job itself is not retried
+    assert parallel.port_taken("Address already in use") and not parallel.port_taken("ValueError")
