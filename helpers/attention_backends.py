@@ -219,7 +219,7 @@ def sweep(step: Callable[[], Any], model: torch.nn.Module, backends: Sequence[st
                     "dispatched": dispatched["calls"], "kernels": kernels,
                     "fallback": fallback_problem(backend, kernels, dispatched["calls"]),
                     "outside_contract": contract_breaches(backend, device, dtype, head_dim)}
-            writer.record(f"attention {backend}", timing=timing, backend=backend, **line)
+            writer.record(f"attention {backend}", timing=timing, timed="one denoiser step", backend=backend, **line)
             found[backend] = {"status": "ok", "step (ms)": timing.median_s * 1e3, "spread (ms)": timing.spread_s * 1e3,
                               **line}
         model.reset_attention_backend()

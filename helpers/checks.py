@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from helpers import gallery
+from helpers import gallery, text
 from helpers.results import ResultWriter
 
 
@@ -29,9 +29,15 @@ class Claim:
 
 
 def _text(value: Any) -> str:
-    """A measured or expected value as the table shows it (floats to 4 significant digits)."""
+    """A measured or expected value as the table shows it: floats to 4 significant digits, a tuple or list as its
+    items joined by commas, a dict as 'key: value' pairs (never Python's brackets and quotes)."""
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, tuple | list | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return ", ".join(_text(v) for v in items) if items else "none"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {_text(v)}" for k, v in value.items()) if value else "none"
     return str(value)
 
 
@@ -64,7 +70,7 @@ class Checks:
         failed = [c for c in self.claims if not c.holds]
         if writer is not None:
             writer.record("checks", status="ok" if not failed else "failed",
-                          reason="" if not failed else f"{len(failed)} claim(s) failed",
+                          reason="" if not failed else f"{text.count(len(failed), 'claim')} failed",
                           checks=[c.__dict__ for c in self.claims])
         if failed:
             lines = "\n".join(f"- {c.claim}: measured {c.measured}, expected {c.expected}" for c in failed)

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from helpers import paths
+from helpers import paths, text
 
 HOWS: tuple[str, ...] = ("full", "regional")
 # The steady process compiles in this order: its first compile (regional) is a fresh process's warm start.
@@ -108,7 +108,7 @@ class ColdStart:
         speed = (f"steady {self.steady_median_s * 1e3:.1f} ms vs eager {self.eager_median_s * 1e3:.1f} ms in the same "
                  f"process ({self.speedup_vs_eager:.2f}x); " if steady else "")
         return (f"{label}: first call {self.first_call_s:.1f} s (compile-cache hits {self.first_call_cache_hits}, "
-                f"misses {self.first_call_cache_misses}), {self.graphs} graph(s), {self.ops_captured} ops traced, "
+                f"misses {self.first_call_cache_misses}), {text.count(self.graphs, 'graph')}, {self.ops_captured} ops traced, "
                 f"{self.extra.get('kernel_files_built', 0)} kernel files built; {speed}{parity}; process "
                 f"{self.process_wall_s:.0f} s in all"
                 + (f", CUDA peak {self.cuda_peak_bytes / 2**30:.1f} GiB" if self.cuda_peak_bytes else ""))

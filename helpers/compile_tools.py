@@ -14,6 +14,8 @@ import torch._inductor.utils
 import torch.fx.experimental._config
 from torch._dynamo.utils import counters
 
+from helpers import text
+
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 # Modes that capture CUDA graphs on a CUDA device (inductor's option triton.cudagraphs); elsewhere they run without.
 CUDA_GRAPH_MODES: tuple[str, ...] = ("reduce-overhead", "max-autotune")
@@ -182,9 +184,10 @@ def cold_compile_problem(first: CompileCounts) -> str:
     if first.graphs < 1:
         return f"the first call compiled no graph (it did not compile: {first})"
     if first.graph_breaks:
-        return f"{first.graph_breaks} graph break(s) {first.break_reasons}: not one full graph"
+        return f"{text.count(first.graph_breaks, 'graph break')} {first.break_reasons}: not one full graph"
     if first.cache_hits or first.cache_misses < 1:
-        return f"the first call was not cold: {first.cache_hits} cache hit(s), {first.cache_misses} miss(es)"
+        return (f"the first call was not cold: {text.count(first.cache_hits, 'cache hit')}, "
+                f"{text.count(first.cache_misses, 'miss', 'misses')}")
     return ""
 
 

@@ -46,7 +46,7 @@ class EnvironmentCard:
         rows = [(k, str(v)) for k, v in asdict(self).items() if k != "versions"]
         if self.device == "cpu":
             rows = [(k, "n/a (CPU)") if k == "device_memory_gib" else (k, v) for k, v in rows]
-        rows += [(f"version: {k}", v) for k, v in self.versions.items()]
+        rows += [(f"version: {k}", v) for k, v in self.versions.items() if k != "cuda"]  # 'cuda' is a field above
         return rows
 
 

@@ -10,6 +10,7 @@ GPU run committed under figures/<hardware>/, so a notebook run on a CPU shows th
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +43,14 @@ def _display(obj: Any) -> None:
 # measured on an eager "zero", the edge rows and columns carry a colour cast that the rows next to them do not.
 EDGE_NOTE = ("(the thin coloured line along an image's edge comes from the tiny smoke model's VAE decoder: eager images "
              "have it too, so it is no lever's doing)")
+
+
+def judge_rule() -> str:
+    """How the judge reads an image, said once a run under its first judged image (limits from quality.limits)."""
+    lim = quality.limits()
+    return (f"(the judge, a classifier trained on real digits, counts a read when its confidence is at least "
+            f"{lim['confidence_floor']:.2f} and the image, shrunk to 8x8 pixels in [0, 1], lies within "
+            f"{lim['distance_ceiling']:.2f} of a real digit of that class; both limits were set on held-out real digits)")
 
 
 class Gallery:
@@ -90,7 +99,8 @@ class Gallery:
                 judged.append({"label": label, "share": share, "floor": floor, "holds": share >= floor,
                                "reads": [str(r) for r in reads], "missed": missed})
             print(self._caption(judged, digits, single))
-            if not self._edge_noted:  # once a run, at its first judged image
+            if not self._edge_noted:  # once a run, at its first judged image: how the judge reads, the edge line
+                print(judge_rule())
                 print(EDGE_NOTE)
                 self._edge_noted = True
         else:
@@ -100,15 +110,13 @@ class Gallery:
 
     @staticmethod
     def _caption(judged: list[dict[str, Any]], digits: list[int | None], single: bool) -> str:
-        """One line per row: what the judge read, against what was asked."""
-        lim = quality.limits()
-        rule = (f"a read counts at confidence >= {lim['confidence_floor']:.2f} and within {lim['distance_ceiling']:.2f} "
-                "of a real digit (8x8 pixels), limits set on held-out real digits")
+        """One line per row: what the judge read, against what was asked (and how many the row needs)."""
         if single:
-            return f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]} ({rule})"
-        return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * len(digits))} of {len(digits)} read as their "
-                         f"prompt's digit (floor {j['floor']:.0%})"
-                         + (f"; missed: {', '.join(j['missed'])}" if j["missed"] else "") for j in judged) + f"  [{rule}]"
+            return f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]}"
+        n = len(digits)
+        return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * n)} of {n} read as their prompt's digit "
+                         f"(this row needs {math.ceil(j['floor'] * n - 1e-9)})"
+                         + (f"; missed: {', '.join(j['missed'])}" if j["missed"] else "") for j in judged)
 
     def show_committed(self, name: str, caption: str = "") -> list[Path]:
         """Display each figure `<notebook>_<name>.png` a GPU run committed under figures/<hardware>/, naming the

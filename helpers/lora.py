@@ -24,7 +24,7 @@ import torch
 from peft import LoraConfig
 from tqdm.auto import tqdm
 
-from helpers import params
+from helpers import params, text
 
 # The attention projections of Flux's double-stream and single-stream blocks (image stream and output).
 ATTENTION_PROJECTIONS: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")
@@ -158,12 +158,12 @@ def check_hotswap(folder: Path, module: torch.nn.Module, adapter_name: str, targ
     if too_big:
         layer, rank = next(iter(sorted(too_big.items())))
         raise ValueError(f"{path}: layer {layer!r} has LoRA rank {rank}, above target_rank={target_rank} declared "
-                         f"with enable_lora_hotswap ({len(too_big)} layer(s) too big); hot-swap allows ranks "
+                         f"with enable_lora_hotswap ({text.count(len(too_big), 'layer')} too big); hot-swap allows ranks "
                          f"<= {target_rank}")
     extra = sorted(set(ranks) - allowed)
     if extra:
         shown = ", ".join(sorted(allowed)[:4]) + (", ..." if len(allowed) > 4 else "")
-        raise ValueError(f"{path}: layer {extra[0]!r} ({len(extra)} layer(s) in all) is not a target of the "
+        raise ValueError(f"{path}: layer {extra[0]!r} ({text.count(len(extra), 'layer')} in all) is not a target of the "
                          f"loaded adapter {adapter_name!r}; hot-swap allows only its {len(allowed)} target layers "
                          f"({shown}) or a subset")
     return ranks

@@ -202,8 +202,8 @@ class Read:
     is_digit: bool
 
     def __str__(self) -> str:
-        what = f"a {self.digit}" if self.is_digit else f"not a digit (closest: {self.digit})"
-        return f"{what}, confidence {self.confidence:.2f}, {self.distance:.2f} from the nearest real one"
+        what = f"a {self.digit}" if self.is_digit else f"not a digit (likeliest: {self.digit})"
+        return f"{what}, confidence {self.confidence:.2f}, {self.distance:.2f} from the nearest real {self.digit}"
 
 
 def _nearest_same_class(x8: torch.Tensor, digits: torch.Tensor, ref8: torch.Tensor, ref_labels: torch.Tensor

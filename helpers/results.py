@@ -209,12 +209,20 @@ def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str |
 
 
 def rows_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Compact display of rows: scenario, status, latency (s), spread (s, from two samples on), peak memory (MiB or
-    GiB), compile (s), and the reason of a row not ok (a reason said before points at its first row)."""
+    """Compact display of rows: scenario, status (and a probe's outcome), latency (s; with what was timed where a row
+    tags it: extra 'timed', else a whole image), spread (s, from two samples on), peak memory (MiB or GiB), compile
+    (s), and the reason of a row not ok (a reason said before points at its first row)."""
     if df.empty:
         return df
     out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
+    extra = df["extra"] if "extra" in df else pd.Series([{}] * len(df), index=df.index)
+    outcome = extra.map(lambda e: (e or {}).get("outcome"))
+    if outcome.notna().any():  # a probe's verdict (notebook 16): 'ok' is the measurement, this is what it found
+        out["outcome"] = outcome
     out["latency median (s)"] = df["latency_median_s"]
+    timed = extra.map(lambda e: (e or {}).get("timed"))
+    if timed.notna().any():  # a notebook timing other things than whole images tags those rows timed='...'
+        out["timed"] = timed.fillna("whole image").where(df["latency_median_s"].notna())
     samples = df["latency_samples_s"] if "latency_samples_s" in df else pd.Series([None] * len(df), index=df.index)
     timed_twice = samples.map(lambda x: isinstance(x, list | tuple) and len(x) > 1)
     out["spread max-min (s)"] = df["latency_spread_s"].where(timed_twice)  # one sample has no spread to show
@@ -227,7 +235,7 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
     for col in ("recompiles", "graph_breaks"):
         if df[col].notna().any():
             out[col.replace("_", " ")] = df[col]
-    if (df["status"] != "ok").any():
+    if (df["status"] != "ok").any() or df["reason"].fillna("").astype(bool).any():  # an ok row may say why too
         first = {}  # a reason repeated word for word reads once, later rows point at it
         out["reason"] = [None if not r else r if first.setdefault(r, i) == i else f"as row {first[r]}"
                          for i, r in zip(out.index, df["reason"].fillna(""), strict=True)]

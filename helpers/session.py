@@ -100,7 +100,8 @@ class Session:
             rows += [("notebook", r.notebook), ("seed", str(r.seed)),
                      ("timing", f"{warmup} warm-up + {repeats} timed runs, median reported"),
                      ("results file", str(self.writer.path))]
-            rows += c.as_table()
+            shown = {"device", "device_name", "git_rev", "version: torch", "version: diffusers"}  # in the 8 rows above
+            rows += [(k, v) for k, v in c.as_table() if k not in shown and (v or k != "memory_cap")]
             rows += [(f"knob: {k}", repr(v)) for k, v in r.knobs.items()]
         return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
 

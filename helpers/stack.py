@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 import torch._inductor.config
 
-from helpers import attention_backends, compile_tools, measure, pipelines, quality, report, workloads
+from helpers import attention_backends, compile_tools, measure, pipelines, quality, report, text, workloads
 from helpers.params import Run
 from helpers.results import ResultWriter
 from helpers.workloads import first_output
@@ -91,9 +91,9 @@ def stage_problems(stage: Stage, *, fullgraph: bool) -> list[str]:
         problems.append(f"{stage.name}: denoiser output differs from eager by {stage.step_drift:.2e} "
                         f"> {stage.tolerance:g}")
     if stage.recompiles != 0:
-        problems.append(f"{stage.name}: {stage.recompiles} graph(s) compiled after the first image")
+        problems.append(f"{stage.name}: {text.count(stage.recompiles, 'graph')} compiled after the first image")
     if fullgraph and stage.graph_breaks != 0:
-        problems.append(f"{stage.name}: {stage.graph_breaks} graph break(s) with fullgraph=True")
+        problems.append(f"{stage.name}: {text.count(stage.graph_breaks, 'graph break')} with fullgraph=True")
     return problems
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -218,15 +219,15 @@ def cold_label(measured: dict[str, Any]) -> str:
 def verdict_compile(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
     """Compile with fullgraph=True: fails on an error (breaks counted without fullgraph); breaks; recompiles on a
     second call; fails when its output leaves eager's by more than tolerance; else works."""
-    graphs = f"{measured.get('graphs', 0)} graph(s)"
+    graphs = text.count(measured.get('graphs', 0), 'graph')
     if measured.get("error"):
         n = measured.get("graph_breaks", 0)
-        why = f"fullgraph=True refused; without it {n} graph break(s), first: {measured.get('first_break', '?')}"
+        why = f"fullgraph=True refused; without it {text.count(n, 'graph break')}, first: {measured.get('first_break', '?')}"
         return "fails", why, measured["error"]
     if measured.get("graph_breaks", 0):
-        return "breaks", (f"{measured['graph_breaks']} graph break(s), first: {measured.get('first_break', '?')}"), ""
+        return "breaks", (f"{text.count(measured['graph_breaks'], 'graph break')}, first: {measured.get('first_break', '?')}"), ""
     if measured.get("recompiles", 0):
-        return "recompiles", f"{measured['recompiles']} recompile(s) on an identical second call", ""
+        return "recompiles", f"{text.count(measured['recompiles'], 'recompile')} on an identical second call", ""
     drift = measured.get("drift", float("nan"))
     if not drift <= tolerance:
         return "fails", f"{graphs}, but drift {drift:.2e} from eager (tolerance {tolerance:g})", ""
@@ -245,20 +246,31 @@ def verdict_regional(measured: dict[str, Any], tolerance: float) -> tuple[str, s
         return outcome, figure, message
     full, regional = measured.get("full_compile_s"), measured.get("compile_s")
     ratio = f", {full / regional:.1f}x less than the whole model's {full:.2f} s" if full and regional else ""
-    figure = (f"{measured['graphs']} graph(s) for {len(measured['repeated_blocks'])} block class(es)"
-              f"{extra_graphs(measured)}, {cold_label(measured)} {regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
+    classes = text.count(len(measured["repeated_blocks"]), "block class", "block classes")
+    figure = (f"{text.count(measured['graphs'], 'graph')} for {classes}{extra_graphs(measured)}, {cold_label(measured)} {regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
     if full and regional and not regional < full:
         return "fails", figure, f"regional {cold_label(measured)} was not faster than the whole model's"
     return "works", figure, ""
 
 
 def extra_graphs(measured: dict[str, Any]) -> str:
-    """Which block class compiled more than one graph in its first call, and the guard dynamo failed on, e.g.
-    " (FluxSingleTransformerBlock 2 graphs: tensor 'hidden_states' stride mismatch ...)"; '' when none did."""
+    """Which block class compiled more than one graph in its first call, and why in words, e.g. " (FluxSingleTransformerBlock
+    2 graphs: 'hidden_states' came with other strides)"; '' when none did. The guard's own text stays in measured."""
     per_class, why = measured.get("graphs_per_class") or {}, measured.get("guard_failures") or {}
-    said = [f"{name} {n} graphs" + (f": {shorten(why[name][0], 90)}" if why.get(name) else "")
+    said = [f"{name} {n} graphs" + (f": {guard_words(why[name][0])}" if why.get(name) else "")
             for name, n in per_class.items() if n > 1]
     return f" ({'; '.join(said)})" if said else ""
+
+
+def guard_words(guard: str) -> str:
+    """A failed guard in words: "tensor 'x' stride mismatch at index 0 ..." -> "'x' came with other strides"; any
+    other guard cut to 90 characters."""
+    found = re.search(r"tensor '([^']+)' (stride|size|dtype|device|requires_grad) mismatch", guard)
+    if not found:
+        return shorten(guard, 90)
+    name, kind = found.groups()
+    return f"'{name}' came with " + {"stride": "other strides", "size": "another size", "dtype": "another dtype",
+                                     "device": "another device", "requires_grad": "another requires_grad"}[kind]
 
 
 def verdict_resolution(measured: dict[str, Any]) -> tuple[str, str, str]:
@@ -268,10 +280,11 @@ def verdict_resolution(measured: dict[str, Any]) -> tuple[str, str, str]:
         return "fails", "", measured["error"]
     default, dynamic = measured["default_recompiles"], measured["dynamic_recompiles"]
     sizes = " and ".join(f"{h}x{w}" for h, w in measured["sizes"][1:])
-    figure = f"{sizes} after {measured['sizes'][0][0]}x{measured['sizes'][0][1]}: default {default} recompile(s), " \
-             f"dynamic=True {dynamic}"
+    first = f"{measured['sizes'][0][0]}x{measured['sizes'][0][1]}"
+    figure = (f"{sizes} after {first}: the default compiles {text.count(default, 'more graph')} (its block classes "
+              f"again, at a new size), dynamic=True {dynamic}")
     if measured.get("graph_breaks", 0):
-        return "breaks", figure + f"; {measured['graph_breaks']} graph break(s)", ""
+        return "breaks", figure + f"; {text.count(measured['graph_breaks'], 'graph break')}", ""
     return ("works", figure, "") if dynamic == 0 else ("recompiles", figure, "")
 
 
@@ -311,7 +324,7 @@ def verdict_quantized(measured: dict[str, Any], band: float) -> tuple[str, str, 
         return early
     outcome, figure, message = verdict_compile(measured, band)
     if outcome == "works":
-        figure = f"{measured['layers']} linear layers quantized, compiles ({measured['graphs']} graph(s), 0 breaks), " \
+        figure = f"{measured['layers']} linear layers quantized, compiles ({text.count(measured['graphs'], 'graph')}, 0 breaks), " \
                  f"drift {measured['drift']:.1e} from the unquantized model"
     return outcome, figure, message
 
@@ -332,10 +345,10 @@ def verdict_lora(measured: dict[str, Any], tolerance: float) -> tuple[str, str, 
     if measured.get("error"):
         return "fails", "", measured["error"]
     r1, r2 = measured["ranks"]
-    figure = (f"rank {r1} -> {r2} swapped on the compiled model: {measured['swap_recompiles']} recompile(s), "
+    figure = (f"rank {r1} -> {r2} swapped on the compiled model: {text.count(measured['swap_recompiles'], 'recompile')}, "
               f"{measured['layers']} layers, swapped vs ordinary {measured['drift']:.1e}")
     if measured.get("graph_breaks", 0):
-        return "breaks", figure + f"; {measured['graph_breaks']} graph break(s)", ""
+        return "breaks", figure + f"; {text.count(measured['graph_breaks'], 'graph break')}", ""
     if measured["swap_recompiles"]:
         return "recompiles", figure, ""
     if not measured["drift"] <= tolerance:
@@ -807,8 +820,8 @@ def counts_line(cells: list[Cell]) -> str:
 
 
 def committed_counts(results_dir: Path, notebook: str = "16_does_it_transfer") -> str:
-    """The TL;DR line: counts_line of each committed run of the notebook (per hardware and profile, with its git
-    revision), or that none is committed."""
+    """The TL;DR line: counts_line of each committed run of the notebook (per hardware and profile; the table file
+    names the revision), or that none is committed."""
     rows = results.read_rows(results_dir, notebook=notebook)
     if rows.empty:
         return "no run of this notebook is committed yet"
@@ -816,8 +829,7 @@ def committed_counts(results_dir: Path, notebook: str = "16_does_it_transfer") -
     for (hardware, profile), runs in rows.groupby(["hardware", "profile"]):
         cells = [cell_from_row(r) for r in runs.to_dict("records") if "outcome" in (r.get("extra") or {})]
         if cells:
-            lines.append(f"committed run ({hardware}, {profile} profile, revision {runs['git_rev'].iloc[-1][:7]}): "
-                         + counts_line(cells))
+            lines.append(f"committed run ({hardware}, {profile} profile): " + counts_line(cells))
     return "\n".join(lines) or "no run of this notebook is committed yet"
 
 
@@ -888,12 +900,12 @@ def works_problems(cell: Cell, tolerance: float) -> list[str]:
         return []
     m, problems = cell.measured, []
     if m.get("graph_breaks", 0):
-        problems.append(f"{m['graph_breaks']} graph break(s)")
+        problems.append(text.count(m['graph_breaks'], 'graph break'))
     for key in ("recompiles", "swap_recompiles"):
         if m.get(key, 0):
             problems.append(f"{m[key]} {key.replace('_', ' ')}")
     if cell.lever == "new resolution" and m.get("dynamic_recompiles", 1):
-        problems.append(f"dynamic=True recompiled {m.get('dynamic_recompiles')} time(s)")
+        problems.append(f"dynamic=True recompiled {text.count(m.get('dynamic_recompiles'), 'time')}")
     band = QUANTIZED_DRIFT_BAND.get(cell.lever, tolerance)
     if "drift" in m and not m["drift"] <= band:
         problems.append(f"drift {m['drift']:.2e} above {band:g}")

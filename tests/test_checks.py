@@ -43,3 +43,14 @@ def test_an_empty_checks_cell_and_a_repeated_claim_are_refused():
     c.add("a", 1, 1, True)
     with pytest.raises(ValueError, match="already listed"):
         c.add("a", 2, 2, True)
+
+
+def test_values_read_as_text_not_python():
+    c = checks.Checks()
+    c.add("sizes", (26, 87), "two sizes", True)
+    c.add("per backend", {"native": 0.5, "flash": [1, 2]}, {}, True)
+    c.add("missing", [], set(), True)
+    t = c.table()
+    assert t.loc["sizes", "measured"] == "26, 87"
+    assert t.loc["per backend", "measured"] == "native: 0.5; flash: 1, 2" and t.loc["per backend", "expected"] == "none"
+    assert t.loc["missing", "measured"] == "none" and t.loc["missing", "expected"] == "none"

@@ -44,9 +44,11 @@ def test_shown_digit_is_judged_and_claimed(tmp_path, pipe, capsys):
     assert got["judged"] and got["rows"][0]["holds"]
     out = capsys.readouterr().out
     assert "asked for a 7; the judge reads a 7" in out and out.count(gallery.EDGE_NOTE) == 1
-    assert "of a real digit (8x8 pixels)" in out  # what the distance is measured in, said once per line
+    assert gallery.judge_rule() in out and "shrunk to 8x8 pixels" in out  # what the distance is measured in
     s.gallery.show(_draw(pipe, max_sequence_length=SMOKE.max_sequence_length), PROMPT, "again")
-    assert gallery.EDGE_NOTE not in capsys.readouterr().out, "the edge note is said once a run, not under every image"
+    again = capsys.readouterr().out
+    assert gallery.EDGE_NOTE not in again, "the edge note is said once a run, not under every image"
+    assert gallery.judge_rule() not in again and "from the nearest real 7" in again  # the rule once, the read each time
     claims = checks.Checks()
     claims.add("something", 1, 1, True)
     table = claims.evaluate(s.writer)
@@ -65,7 +67,7 @@ def test_old_call_without_max_sequence_length_fails_the_checks(tmp_path, pipe):
         claims.evaluate(s.writer)
 
 
-def test_grid_row_below_its_floor_fails(tmp_path, pipe):
+def test_grid_row_below_its_floor_fails(tmp_path, pipe, capsys):
     s = _session(tmp_path)
     msl = SMOKE.max_sequence_length
     prompts = [quality.prompt(d) for d in range(3)]
@@ -74,8 +76,9 @@ def test_grid_row_below_its_floor_fails(tmp_path, pipe):
     got = s.gallery.show([good, bad], prompts, "two rows", labels=["ok", "padded"], floor=0.6)
     assert [r["holds"] for r in got["rows"]] == [True, False]
     assert got["rows"][0]["missed"] == [] and got["rows"][1]["missed"], got["rows"]  # the caption names the misses
-    assert got["rows"][1]["missed"][0].startswith("the 0 (") and "from the nearest real one" in got["rows"][1]["missed"][0]
+    assert got["rows"][1]["missed"][0].startswith("the 0 (") and "from the nearest real " in got["rows"][1]["missed"][0]
     assert not gallery.claim(s.writer)[3]
+    assert "of 3 read as their prompt's digit (this row needs 2)" in capsys.readouterr().out  # 0.6 of 3, rounded up
 
 
 def test_random_weights_are_said_to_be_noise(tmp_path, capsys):

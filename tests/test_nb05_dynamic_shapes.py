@@ -23,7 +23,7 @@ def test_dynamic_shapes_rows(tmp_path, backend):
     # each resolution's first call is timed (the stall a user meets), and printed beside a compiled step
     assert all(static[r]["extra"]["first_call_s"] > 0 for r in resolutions)
     first96, graphs96 = static[96]["extra"]["first_call_s"], int(static[96]["recompiles"])  # a float column in pandas
-    assert f"first call at 96px: {first96:.2f} s, {graphs96} graph(s)" in nb.text()
+    assert f"first call at 96px: {first96:.2f} s, {graphs96} graph{'s' * (graphs96 != 1)}" in nb.text()
     # why the later resolutions compile nothing with the defaults: without automatic dynamic shapes each compiles
     static_only = nb.row("static graphs without automatic dynamic shapes")["extra"]
     assert list(static_only["graphs_by_resolution"].values()) == [1, 1, 1], static_only

@@ -41,6 +41,8 @@ def test_error_helpers():
         "TypeError: got (Tensor), but expected one of: …")  # a line that goes on says so
     assert offload.describe_error(ValueError("x" * 400)).endswith("x …")
     assert text.cut("short", 90) == "short" and text.cut("y" * 100, 90) == "y" * 89 + "…"
+    assert [text.count(n, "graph") for n in (0, 1, 3)] == ["0 graphs", "1 graph", "3 graphs"]  # no "graph(s)"
+    assert text.count(1, "miss", "misses") == "1 miss" and text.count(2, "miss", "misses") == "2 misses"
     reason = offload.no_accelerator_reason("sequential")
     assert reason.startswith("sequential offload") and "no CUDA GPU" in reason
 

@@ -298,6 +298,22 @@ def test_rows_table_shows_a_spread_from_two_samples_and_a_repeated_reason_once()
     assert table["reason"].tolist()[2:] == [why, "as row 2"] and pd.isna(table["reason"].iloc[0])
 
 
+def test_rows_table_says_what_each_latency_timed_and_a_probe_outcome():
+    base = {"status": "ok", "latency_median_s": 1.0, "latency_spread_s": 0.0, "peak_memory_bytes": None,
+            "memory_kind": None, "compile_s": None, "recompiles": None, "graph_breaks": None, "reason": ""}
+    plain = results.rows_table(pd.DataFrame([base | {"scenario": "image", "extra": {}}]))
+    assert "timed" not in plain and "outcome" not in plain and "reason" not in plain  # nothing tagged: as before
+    table = results.rows_table(pd.DataFrame([
+        base | {"scenario": "image", "extra": {}},
+        base | {"scenario": "attention flex", "latency_median_s": 0.1, "extra": {"timed": "one denoiser step"}},
+        base | {"scenario": "shown", "latency_median_s": None, "extra": {}}]))
+    assert table["timed"].tolist()[:2] == ["whole image", "one denoiser step"] and pd.isna(table["timed"].iloc[2])
+    probe = results.rows_table(pd.DataFrame([
+        base | {"scenario": "fbc | flux2-dev", "latency_median_s": None, "reason": "the lever fails here: TypeError",
+                "extra": {"outcome": "fails"}}]))
+    assert probe["outcome"].tolist() == ["fails"] and probe["reason"].tolist() == ["the lever fails here: TypeError"]
+
+
 def test_rows_table_reads_peak_memory_in_a_unit_that_shows_it():
     def rows(peak: float) -> pd.DataFrame:
         return pd.DataFrame([{"scenario": "s", "status": "ok", "latency_median_s": 1.0, "latency_spread_s": 0.1,

@@ -125,7 +125,10 @@ def test_regional_compile_names_the_block_class_that_compiled_twice():
     # the single-stream block's first call gets contiguous image states, the later ones slices of the joined tensor
     assert per_class == {"FluxTransformerBlock": 1, "FluxSingleTransformerBlock": 2}, cell.text()
     assert sum(per_class.values()) == cell.measured["graphs"] and cell.works
-    assert "(FluxSingleTransformerBlock 2 graphs: tensor 'hidden_states' stride mismatch" in cell.figure
+    assert "(FluxSingleTransformerBlock 2 graphs: 'hidden_states' came with other strides)" in cell.figure
+    assert "stride mismatch" in cell.measured["guard_failures"]["FluxSingleTransformerBlock"][0]  # the guard, kept
+    assert transfer.guard_words("tensor 'x' size mismatch at index 1") == "'x' came with another size"
+    assert transfer.guard_words("L['self'].training == True") == "L['self'].training == True"  # unknown: as it is
     assert transfer.extra_graphs({"graphs_per_class": {"A": 1, "B": 1}}) == ""  # nothing extra: nothing said
 
 
@@ -273,7 +276,7 @@ def test_the_committed_counts_read_the_rows_each_machine_wrote(tmp_path):
            "git_rev": "abcdef123456", "scenario": "compile | qwen-image", "status": fields.pop("status"),
            "reason": fields.pop("reason"), "extra": fields}
     (tmp_path / "cpu" / "16_does_it_transfer.jsonl").write_text(json.dumps(row) + "\n")
-    assert transfer.committed_counts(tmp_path) == ("committed run (cpu, smoke profile, revision abcdef1): "
+    assert transfer.committed_counts(tmp_path) == ("committed run (cpu, smoke profile): "
                                                    "Qwen-Image: 1 of 1 work")
 
 
