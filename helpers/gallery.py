@@ -9,14 +9,13 @@ GPU run committed under figures/<hardware>/, so a notebook run on a CPU shows th
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import paths, quality
+from helpers import paths, quality, text
 from helpers.results import ResultWriter
 
 SHOWN = "shown: "  # the scenario prefix of the rows that record a shown image or grid
@@ -123,7 +122,7 @@ class Gallery:
         hardware; a line saying so when no GPU run has committed it. Returns the paths shown."""
         found = committed_figures(self.writer.run.notebook, name, self.writer.run.model)
         if not found:
-            print("no GPU run of this figure is committed yet (docs/gpu-plan.md lists the group that makes it)")
+            print("no GPU run of this figure is committed yet: on a CUDA GPU with the full profile this cell draws it")
         from IPython.display import Image as IPImage  # lazy: only a notebook displays
 
         for hardware, path in found:
@@ -150,5 +149,6 @@ def claim(writer: ResultWriter) -> tuple[str, str, str, bool] | None:
     bad = [f"{r.scenario.removeprefix(SHOWN)} ({g['label'] or 'image'}: {g['share']:.0%})"
            for r in judged for g in r.extra["grid"] if not g["holds"]]
     return ("every image shown reads as its prompt's digit (a grid row: at least its floor)",
-            f"{len(grids) - len(bad)} of {len(grids)} hold" + (f"; not: {json.dumps(bad)}" if bad else ""),
-            f"{len(grids)} of {len(grids)}", not bad)
+            f"{len(grids) - len(bad)} of {text.count(len(grids), 'image or grid row', 'images or grid rows')} read "
+            "right" + (f"; not: {'; '.join(bad)}" if bad else ""),
+            f"all {len(grids)}", not bad)

@@ -8,7 +8,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from helpers import measure, paths, readme_region, results
+from helpers import measure, paths, readme_region, results, text
 
 GIB = 2**30
 
@@ -533,7 +533,7 @@ def not_measured_line(group: pd.DataFrame) -> str:
     left = group[group["measured"] == "—"]
     if left.empty:
         return ""
-    return f"{len(left)} of {len(group)} comparisons not measured here: {_reasons(group)}."
+    return f"{len(left)} of {text.count(len(group), 'comparison')} not measured here: {_reasons(group)}."
 
 
 def _reasons(group: pd.DataFrame) -> str:
@@ -547,12 +547,11 @@ def verdict_line(group: pd.DataFrame) -> str:
     factor = group["measured / published"].notna()
     within = group.loc[factor, "verdict"].str.startswith("within")
     other = group.loc[factor & ~group["verdict"].str.startswith("within"), "verdict"].value_counts()
-    line = f"{int(factor.sum())} of {len(group)} comparisons compared"
-    if factor.any():
-        line += f": {int(within.sum())} within their band" + "".join(f", {n} {v}" for v, n in other.items())
+    parts = [f"{int(factor.sum())} of {text.count(len(group), 'comparison')} compared: {int(within.sum())} within "
+             "their band" + "".join(f", {n} {v}" for v, n in other.items())] if factor.any() else []
     shown = group.loc[~factor & (group["measured"] != "—"), "verdict"].value_counts()
-    line += "".join(f"; {n} {v}" for v, n in shown.items())
-    return line + (f"; {rest}" if (rest := not_measured_line(group)) else "")
+    parts += [f"{n} {v}" for v, n in shown.items()]  # measured, not compared (another GPU class)
+    return "; ".join(parts + ([rest] if (rest := not_measured_line(group)) else []))
 
 
 def summary_markdown(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated_by: str,
@@ -617,13 +616,13 @@ def _brief_summary(table: pd.DataFrame, skipped_rows: pd.DataFrame, *, generated
         measured = group[group["measured"] != "—"]
         measured = measured[[c for c in BRIEF_COLUMNS if c in measured]]
         compared = int(group["measured / published"].notna().sum())
-        text = f"### {hw}\n\n"
+        section = f"### {hw}\n\n"
         if not measured.empty:
             also = (f"; {len(measured) - compared} more measured, not compared (the verdict says why)"
                     if len(measured) > compared else "")
-            text += (f"{compared} of {len(group)} comparisons with published figures measured and compared "
-                     f"here{also}:\n\n" + markdown(measured) + "\n\n")
-        parts.append(text + not_measured_line(group))
+            section += (f"{compared} of {len(group)} comparisons with published figures measured and compared "
+                        f"here{also}:\n\n" + markdown(measured) + "\n\n")
+        parts.append(section + not_measured_line(group))
     if covered is not None and not covered.empty:
         left = int((covered["compared in"] == "").sum())
         parts.append(f"{len(covered) - left} of {len(covered)} published figures are used by the comparisons; the "
