@@ -42,12 +42,21 @@ class EnvironmentCard:
     memory_cap: str = ""  # GPU_MEMORY_GIB as applied (helpers.fit.Cap), '' when the whole GPU is used
 
     def as_table(self) -> list[tuple[str, str]]:
-        """Rows of (field, value) for display."""
-        rows = [(k, str(v)) for k, v in asdict(self).items() if k != "versions"]
+        """Rows of (label, value) for display: each field under its CARD_LABELS label, then 'version: <library>'."""
+        rows = [(CARD_LABELS.get(k, k), str(v)) for k, v in asdict(self).items() if k != "versions"]
         if self.device == "cpu":
-            rows = [(k, "n/a (CPU)") if k == "device_memory_gib" else (k, v) for k, v in rows]
+            rows = [(k, "n/a (CPU)") if k == CARD_LABELS["device_memory_gib"] else (k, v) for k, v in rows]
         rows += [(f"version: {k}", v) for k, v in self.versions.items() if k != "cuda"]  # 'cuda' is a field above
         return rows
+
+
+# The card's fields as a learner reads them (the rows keep the field names).
+CARD_LABELS: dict[str, str] = {
+    "hardware": "hardware (results folder)", "device": "torch device", "device_name": "device name",
+    "device_memory_gib": "GPU memory (GiB)", "cpu": "CPU", "cpu_cores": "CPU cores", "python": "Python",
+    "cuda": "CUDA", "cudnn": "cuDNN", "git_rev": "git revision", "peak_tflops": "measured matmul peak (TFLOP/s)",
+    "peak_dtype": "peak measured in", "peak_note": "how the peak was measured", "memory_cap": "GPU memory cap",
+}
 
 
 def library_versions() -> dict[str, str]:

@@ -49,7 +49,8 @@ def judge_rule() -> str:
     lim = quality.limits()
     return (f"(the judge, a classifier trained on real digits, counts a read when its confidence is at least "
             f"{lim['confidence_floor']:.2f} and the image, shrunk to 8x8 pixels in [0, 1], lies within "
-            f"{lim['distance_ceiling']:.2f} of a real digit of that class; both limits were set on held-out real digits)")
+            f"{lim['distance_ceiling']:.2f} of a real digit of that class (Euclidean distance over the 64 pixel values); "
+            "both limits were set on held-out real digits)")
 
 
 class Gallery:
@@ -113,7 +114,8 @@ class Gallery:
         if single:
             return f"asked for a {digits[0]}; the judge reads {judged[0]['reads'][0]}"
         n = len(digits)
-        return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * n)} of {n} read as their prompt's digit "
+        said = "reads as its prompt's digit" if n == 1 else "read as their prompt's digit"
+        return "\n".join(f"{j['label'] or 'row'}: {round(j['share'] * n)} of {n} {said} "
                          f"(this row needs {math.ceil(j['floor'] * n - 1e-9)})"
                          + (f"; missed: {', '.join(j['missed'])}" if j["missed"] else "") for j in judged)
 

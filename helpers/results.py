@@ -216,7 +216,7 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
         return df
     out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
     extra = df["extra"] if "extra" in df else pd.Series([{}] * len(df), index=df.index)
-    outcome = extra.map(lambda e: (e or {}).get("outcome"))
+    outcome = extra.map(lambda e: (e or {}).get("verdict", (e or {}).get("outcome")))  # a probe's words first
     if outcome.notna().any():  # a probe's verdict (notebook 16): 'ok' is the measurement, this is what it found
         out["outcome"] = outcome
     out["latency median (s)"] = df["latency_median_s"]

@@ -100,10 +100,22 @@ class Session:
             rows += [("notebook", r.notebook), ("seed", str(r.seed)),
                      ("timing", f"{warmup} warm-up + {repeats} timed runs, median reported"),
                      ("results file", str(self.writer.path))]
-            shown = {"device", "device_name", "git_rev", "version: torch", "version: diffusers"}  # in the 8 rows above
-            rows += [(k, v) for k, v in c.as_table() if k not in shown and (v or k != "memory_cap")]
-            rows += [(f"knob: {k}", repr(v)) for k, v in r.knobs.items()]
+            shown = {environment.CARD_LABELS[k] for k in ("device", "device_name", "git_rev")} | {
+                "version: torch", "version: diffusers"}  # in the 8 rows above
+            no_cap = environment.CARD_LABELS["memory_cap"]  # an empty cap: the whole GPU, said by no row
+            rows += [(k, v) for k, v in c.as_table() if k not in shown and (v or k != no_cap)]
+            rows += [(f"parameter: {k}", knob_text(v)) for k, v in r.knobs.items()]
         return pd.DataFrame(rows, columns=["what", "value"]).set_index("what")
+
+
+def knob_text(value: Any) -> str:
+    """A notebook parameter as the card shows it: None as 'None (the notebook's default, resolved in its setup
+    cell)', text without quotes, a list as its items joined by commas."""
+    if value is None:
+        return "None (the notebook's default, resolved in its setup cell)"
+    if isinstance(value, list | tuple):
+        return ", ".join(knob_text(v) for v in value) or "none"
+    return str(value)
 
 
 def start(notebook: str, **parameters: Any) -> Session:

@@ -77,10 +77,15 @@ class Cell:
         """True only for a clean 'works' (no graph break, no recompile, no refusal)."""
         return self.outcome == "works"
 
+    @property
+    def verdict(self) -> str:
+        """The outcome in the table's words ('needs a change' -> 'works with a change')."""
+        return {"breaks": "works with graph breaks", "recompiles": "works with recompiles",
+                "needs a change": "works with a change"}.get(self.outcome, self.outcome)
+
     def text(self, limit: int = 160) -> str:
         """The cell as the table prints it, e.g. 'works: 1 graph, drift 3.1e-03' or 'fails: <message>'."""
-        words = {"breaks": "works with graph breaks", "recompiles": "works with recompiles",
-                 "needs a change": "works with a change"}.get(self.outcome, self.outcome)
+        words = self.verdict
         detail = "; ".join(x for x in (self.figure, shorten(self.message, limit)) if x)
         return f"{words}: {detail}" if detail else words
 
@@ -872,7 +877,8 @@ def row_fields(cell: Cell) -> dict[str, Any]:
         f"the lever works here only with a change to the user's code: {cell.figure}" \
         if cell.outcome == "needs a change" else ""
     return {"status": "skipped" if skipped else "ok", "reason": reason,
-            "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "figure": cell.figure,
+            "model_tested": cell.model, "lever": cell.lever, "outcome": cell.outcome, "verdict": cell.verdict,
+            "figure": cell.figure,
             "message": cell.message, "text": cell.text(), "measured": json.loads(json.dumps(m, default=str)),
             **lifted}
 

@@ -145,3 +145,16 @@ def test_an_empty_grid_says_why_instead_of_crashing(tmp_path, capsys):
     assert got == {"judged": False, "rows": []}
     assert "same seed: no image to show" in capsys.readouterr().out
     assert gallery.claim(s.writer) is None
+
+
+def test_the_full_card_says_each_thing_once_in_words(tmp_path):
+    s = _session(tmp_path)
+    full = s.card_table(full=True)
+    names = list(full.index)
+    assert len(names) == len(set(names)), "a row repeated"
+    assert not {"device_name", "git_rev", "cpu_cores", "peak_tflops", "memory_cap"} & set(names)  # field names
+    assert "GPU memory cap" not in names  # no cap: no empty row
+    assert "measured matmul peak (TFLOP/s)" in names and "version: torch" not in names  # torch is in the top rows
+    from helpers import session
+    assert session.knob_text(None).startswith("None (the notebook's default") and session.knob_text("a b") == "a b"
+    assert session.knob_text(["fp8", "cache"]) == "fp8, cache"

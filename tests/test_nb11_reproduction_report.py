@@ -177,6 +177,9 @@ def test_reasons_fold_by_kind_and_nothing_is_hidden():
         "the offloaded pipeline did not run"
     assert report.reason_kind("needs 4 H100s; the lent machines have one", report.UNCOVERED_KINDS).startswith(
         "needs several GPUs")
+    # a one-GPU baseline named with its multi-GPU table is not a figure that needs several GPUs
+    assert report.reason_kind("xDiT's one-GPU baseline for its multi-GPU table", report.UNCOVERED_KINDS).startswith(
+        "a one-GPU baseline")
     gaps = pd.DataFrame({"hardware": ["cpu"] * 4, "status": ["skipped", "skipped", "skipped", "failed"],
                          "notebook": ["14_x", "14_x", "02_y", "08_z"],
                          "reason": ["backend 'a' is not usable because of missing package",
