@@ -51,7 +51,7 @@ def test_baseline_rows(tmp_path):
     assert any('"denoiser, all steps"' in c for c in code)
     lesson = _lesson(nb)
     # the TL;DR line: the project's committed H200 seconds beside SGLang's published H200 figure (report.headline)
-    assert "TL;DR, eager bf16 image (s), SGLang's figure: published: 5.58 s on H200" in lesson and "measured by this project: " in lesson
+    assert "TL;DR, eager bf16, seconds per image, SGLang's figure: published: 5.58 s on H200" in lesson and "measured by this project: " in lesson
     # the committed GPU split is shown in the lesson, and its share line agrees with the committed rows
     committed = gallery.committed_figures("00_setup_and_baseline", "time_per_component")
     for hardware, _ in committed:

@@ -329,7 +329,7 @@ def test_published_line_sets_this_run_beside_the_published_figure(tmp_path):
     from helpers import report
 
     line = report.published_line("eager-latency", 0.5, "cpu", "smoke", results_dir=tmp_path)  # no GPU rows there
-    assert line == ("eager bf16 image (s): this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: "
+    assert line == ("eager bf16, seconds per image: this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: "
                     "6.70 s for flux-dev on H100 (hands-on-guide)")  # the comparison named in words, then the figures
     assert "published: 1.49x" in report.published_line("compile-speedup", 1.2, "cpu", "smoke")  # 6.7 / 4.5
     assert "this run (cpu, smoke profile) not measured (" in report.published_line("compile-speedup", None, "cpu",
@@ -498,7 +498,7 @@ def test_every_comparison_is_named_in_words_and_the_tldr_line_leads_with_it():
 def test_figures_not_measured_on_a_run_are_said_once_with_their_published_figures(tmp_path):
     figures = {"offload-latency": 30.0, "offload-peak-memory": None, "offload-memory-ratio": None}
     lines = report.beside_published(figures, "cpu", "smoke", results_dir=tmp_path).splitlines()
-    assert lines[0].startswith("model offload, image (s): this run (cpu, smoke profile) 30.00 s")
+    assert lines[0].startswith("model offload, seconds per image: this run (cpu, smoke profile) 30.00 s")
     assert lines[1] == "not measured on this run (cpu, smoke profile); published:"
     assert lines[2] == "- model offload, peak GPU memory: 22.7 GiB for flux-dev on H100 (hands-on-guide)"
     assert lines[3].startswith("- model offload's peak / no offload's: 0.69x") and len(lines) == 4
