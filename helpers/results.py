@@ -209,9 +209,10 @@ def read_rows(results_dir: Path, *, hardware: str | None = None, notebook: str |
 
 
 def rows_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Compact display of rows: scenario, status (and a probe's outcome), latency (s; with what was timed where a row
-    tags it: extra 'timed', else a whole image), spread (s, from two samples on), peak memory (MiB or GiB), compile
-    (s), and the reason of a row not ok (a reason said before points at its first row)."""
+    """Compact display of rows: scenario, status (and a probe's outcome), latency (ms when every one is below a
+    second, else s; with what was timed where a row tags it: extra 'timed', else a whole image), spread (same unit,
+    from two samples on), peak memory (MiB or GiB), compile (s), and the reason of a row not ok (a reason said before
+    points at its first row)."""
     if df.empty:
         return df
     out = pd.DataFrame({"scenario": df["scenario"], "status": df["status"]})
@@ -219,13 +220,15 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
     outcome = extra.map(lambda e: (e or {}).get("verdict", (e or {}).get("outcome")))  # a probe's words first
     if outcome.notna().any():  # a probe's verdict (notebook 16): 'ok' is the measurement, this is what it found
         out["outcome"] = outcome
-    out["latency median (s)"] = df["latency_median_s"]
+    latency = df["latency_median_s"].astype(float)
+    unit, scale = ("ms", 1e3) if latency.max() < 1 else ("s", 1.0)  # 3.41 ms, not 0.003405 s
+    out[f"latency median ({unit})"] = latency * scale
     timed = extra.map(lambda e: (e or {}).get("timed"))
     if timed.notna().any():  # a notebook timing other things than whole images tags those rows timed='...'
-        out["timed"] = timed.fillna("whole image").where(df["latency_median_s"].notna())
+        out["timed"] = timed.fillna("whole image").where(latency.notna())
     samples = df["latency_samples_s"] if "latency_samples_s" in df else pd.Series([None] * len(df), index=df.index)
     timed_twice = samples.map(lambda x: isinstance(x, list | tuple) and len(x) > 1)
-    out["spread max-min (s)"] = df["latency_spread_s"].where(timed_twice)  # one sample has no spread to show
+    out[f"spread max-min ({unit})"] = df["latency_spread_s"].astype(float).where(timed_twice) * scale  # one sample: none
     peak = df["peak_memory_bytes"].astype(float)
     unit, scale = ("GiB", 2**30) if peak.max() >= 2**30 else ("MiB", 2**20)  # 3.7 MiB, not 0.003706 GiB
     kinds = sorted(set(df["memory_kind"].dropna())) if "memory_kind" in df else []

@@ -295,6 +295,10 @@ def test_rows_table_shows_a_spread_from_two_samples_and_a_repeated_reason_once()
         base | {"scenario": "a", "status": "skipped", "latency_median_s": None, "reason": why},
         base | {"scenario": "b", "status": "skipped", "latency_median_s": None, "reason": why}]))
     assert table["spread max-min (s)"].isna().tolist() == [True, False, True, True]  # one sample: no spread, not 0
+    fast = results.rows_table(pd.DataFrame([base | {"scenario": "step", "latency_median_s": 0.0034, "latency_spread_s":
+                                                    0.0002, "latency_samples_s": [0.0033, 0.0035]}]))
+    assert fast["latency median (ms)"].iloc[0] == pytest.approx(3.4) and fast["spread max-min (ms)"].iloc[0] == (
+        pytest.approx(0.2))  # below a second: milliseconds, not 0.0034 s
     assert table["reason"].tolist()[2:] == [why, "as row 2"] and pd.isna(table["reason"].iloc[0])
 
 
