@@ -59,7 +59,7 @@ class Gallery:
     def __init__(self, writer: ResultWriter) -> None:
         """Show images for the run of writer; rows go through it."""
         self.writer = writer
-        self._edge_noted = False
+        self._notes_said = False
 
     def why_not_judged(self, prompts: Sequence[str]) -> str:
         """'' when images of these prompts can be judged on this run, else why not (random weights, no digit)."""
@@ -99,10 +99,10 @@ class Gallery:
                 judged.append({"label": label, "share": share, "floor": floor, "holds": share >= floor,
                                "reads": [str(r) for r in reads], "missed": missed})
             print(self._caption(judged, digits, single))
-            if not self._edge_noted:  # once a run, at its first judged image: how the judge reads, the edge line
+            if not self._notes_said:  # once a run, at its first judged image: the judge's rule, the edge line
                 print(judge_rule())
                 print(EDGE_NOTE)
-                self._edge_noted = True
+                self._notes_said = True
         else:
             print(why)
         self.writer.record(SHOWN + title, judged=not why, reason_not_judged=why, prompts=prompts, grid=judged)

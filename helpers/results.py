@@ -221,14 +221,14 @@ def rows_table(df: pd.DataFrame) -> pd.DataFrame:
     if outcome.notna().any():  # a probe's verdict (notebook 16): 'ok' is the measurement, this is what it found
         out["outcome"] = outcome
     latency = df["latency_median_s"].astype(float)
-    unit, scale = ("ms", 1e3) if latency.max() < 1 else ("s", 1.0)  # 3.41 ms, not 0.003405 s
-    out[f"latency median ({unit})"] = latency * scale
+    time_unit, per_s = ("ms", 1e3) if latency.max() < 1 else ("s", 1.0)  # 3.41 ms, not 0.003405 s
+    out[f"latency median ({time_unit})"] = latency * per_s
     timed = extra.map(lambda e: (e or {}).get("timed"))
     if timed.notna().any():  # a notebook timing other things than whole images tags those rows timed='...'
         out["timed"] = timed.fillna("whole image").where(latency.notna())
     samples = df["latency_samples_s"] if "latency_samples_s" in df else pd.Series([None] * len(df), index=df.index)
     timed_twice = samples.map(lambda x: isinstance(x, list | tuple) and len(x) > 1)
-    out[f"spread max-min ({unit})"] = df["latency_spread_s"].astype(float).where(timed_twice) * scale  # one sample: none
+    out[f"spread max-min ({time_unit})"] = df["latency_spread_s"].astype(float).where(timed_twice) * per_s  # 1 sample: none
     peak = df["peak_memory_bytes"].astype(float)
     unit, scale = ("GiB", 2**30) if peak.max() >= 2**30 else ("MiB", 2**20)  # 3.7 MiB, not 0.003706 GiB
     kinds = sorted(set(df["memory_kind"].dropna())) if "memory_kind" in df else []

@@ -224,13 +224,15 @@ def cold_label(measured: dict[str, Any]) -> str:
 def verdict_compile(measured: dict[str, Any], tolerance: float) -> tuple[str, str, str]:
     """Compile with fullgraph=True: fails on an error (breaks counted without fullgraph); breaks; recompiles on a
     second call; fails when its output leaves eager's by more than tolerance; else works."""
-    graphs = text.count(measured.get('graphs', 0), 'graph')
+    graphs = text.count(measured.get("graphs", 0), "graph")
     if measured.get("error"):
         n = measured.get("graph_breaks", 0)
-        why = f"fullgraph=True refused; without it {text.count(n, 'graph break')}, first: {measured.get('first_break', '?')}"
+        first = measured.get("first_break", "?")
+        why = f"fullgraph=True refused; without it {text.count(n, 'graph break')}, first: {first}"
         return "fails", why, measured["error"]
     if measured.get("graph_breaks", 0):
-        return "breaks", (f"{text.count(measured['graph_breaks'], 'graph break')}, first: {measured.get('first_break', '?')}"), ""
+        breaks = text.count(measured["graph_breaks"], "graph break")
+        return "breaks", f"{breaks}, first: {measured.get('first_break', '?')}", ""
     if measured.get("recompiles", 0):
         return "recompiles", f"{text.count(measured['recompiles'], 'recompile')} on an identical second call", ""
     drift = measured.get("drift", float("nan"))
@@ -252,15 +254,17 @@ def verdict_regional(measured: dict[str, Any], tolerance: float) -> tuple[str, s
     full, regional = measured.get("full_compile_s"), measured.get("compile_s")
     ratio = f", {full / regional:.1f}x less than the whole model's {full:.2f} s" if full and regional else ""
     classes = text.count(len(measured["repeated_blocks"]), "block class", "block classes")
-    figure = (f"{text.count(measured['graphs'], 'graph')} for {classes}{extra_graphs(measured)}, {cold_label(measured)} {regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
+    figure = (f"{text.count(measured['graphs'], 'graph')} for {classes}{extra_graphs(measured)}, "
+              f"{cold_label(measured)} {regional:.2f} s{ratio}; drift {measured['drift']:.1e}")
     if full and regional and not regional < full:
         return "fails", figure, f"regional {cold_label(measured)} was not faster than the whole model's"
     return "works", figure, ""
 
 
 def extra_graphs(measured: dict[str, Any]) -> str:
-    """Which block class compiled more than one graph in its first call, and why in words, e.g. " (FluxSingleTransformerBlock
-    2 graphs: 'hidden_states' came with other strides)"; '' when none did. The guard's own text stays in measured."""
+    """Which block class compiled more than one graph in its first call, and why in words, e.g.
+    " (FluxSingleTransformerBlock 2 graphs: 'hidden_states' came with other strides)"; '' when none did. The guard's
+    own text stays in measured."""
     per_class, why = measured.get("graphs_per_class") or {}, measured.get("guard_failures") or {}
     said = [f"{name} {n} graphs" + (f": {guard_words(why[name][0])}" if why.get(name) else "")
             for name, n in per_class.items() if n > 1]
