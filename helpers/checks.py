@@ -41,6 +41,12 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def at_most(bound: float, unit: str = "") -> str:
+    """An expected upper bound in words: '<= 0.03 (relative L2)', or '0, bit for bit (relative L2)' where it is 0."""
+    said = "0, bit for bit" if bound == 0 else f"<= {bound:g}"
+    return f"{said} ({unit})" if unit else said
+
+
 class Checks:
     """A notebook's claims, gathered as they are computed and evaluated together in the Checks cell."""
 

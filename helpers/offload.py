@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from helpers import compile_tools, measure, params, pipelines, quantize, text, workloads
+from helpers import checks, compile_tools, measure, params, pipelines, quantize, text, workloads
 from helpers.params import Run
 from helpers.results import ResultWriter
 
@@ -594,7 +594,7 @@ class ModeChecks:
         bound = 1e-2 if self.run.is_cuda else CPU_COPY_BOUND if mode == "model" else 0.0
         if self.reference is not None:
             out.append((claim, drift if drift is not None else self.get(parity_row, "reason"),
-                        f"<= {bound:g} (relative L2)", self.get(parity_row) == "ok" and drift is not None
+                        checks.at_most(bound, "relative L2"), self.get(parity_row) == "ok" and drift is not None
                         and drift <= bound))
         if "regional" in self.variants:
             trace = f"{mode} offload: fullgraph trace"

@@ -157,10 +157,17 @@ def check_weights(weights: str) -> str:
     return weights
 
 
-def resolve_weights(weights: str, model: str, profile: str) -> tuple[str, str]:
+# Notebooks whose lesson is the model's depth: there WEIGHTS='auto' gives seeded random weights at full depth.
+AUTO_RANDOM = {"04_regional_compilation": "compile time grows with the blocks, so this notebook builds them at full "
+                                          "depth (the trained smoke model has 6 blocks)"}
+
+
+def resolve_weights(weights: str, model: str, profile: str, notebook: str = "") -> tuple[str, str]:
     """Turn WEIGHTS='auto' into the trained smoke folder (smoke, where one ships) or 'random', and say why."""
     if weights != "auto":
         return weights, f"{weights}: chosen explicitly"
+    if notebook in AUTO_RANDOM:
+        return "random", f"auto: random, because {AUTO_RANDOM[notebook]}"
     folder = trained_smoke_folder(model)
     if profile == "smoke" and (folder / "model_index.json").is_file():
         return str(folder), f"auto: the project's trained smoke model ({paths.relative(folder)})"
@@ -289,7 +296,7 @@ def resolve(
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     dtype_name, dtype_reason = resolve_dtype(DTYPE, device, MODEL)
     profile, reason = _resolve_profile(PROFILE, notebook, MODEL, dtype_name, cap)
-    weights, weights_reason = resolve_weights(weights, MODEL, profile)
+    weights, weights_reason = resolve_weights(weights, MODEL, profile, notebook)
     settings = PROFILE_SETTINGS[profile]
     settings = replace(settings, repeats=REPEATS or settings.repeats,
                        warmup=settings.warmup if WARMUP is None else WARMUP)

@@ -108,7 +108,7 @@ def _fmt(value: float | None, kind: str, field: str) -> str:
         return f"{value:.2f}x"
     if field == "peak_memory_bytes":  # a CPU working-memory peak of a tiny model is MiBs: 0.0 GiB would hide it
         return f"{value / GIB:.1f} GiB" if value >= GIB else f"{value / 2**20:.1f} MiB"
-    return f"{value:.2f} s"
+    return f"{value:.2f} s" if value >= 1 else f"{value:#.3g} s"  # a tiny model's 0.0241 s, not 0.02 s
 
 
 def _comparison(comparison_id: str, reference_dir: Path = paths.REFERENCE_DIR) -> pd.Series:

@@ -54,3 +54,10 @@ def test_values_read_as_text_not_python():
     assert t.loc["sizes", "measured"] == "26, 87"
     assert t.loc["per backend", "measured"] == "native: 0.5; flash: 1, 2" and t.loc["per backend", "expected"] == "none"
     assert t.loc["missing", "measured"] == "none" and t.loc["missing", "expected"] == "none"
+
+
+def test_an_upper_bound_reads_as_words():
+    """A bound of 0 says 'bit for bit', never '<= 0'; other bounds keep their figure and unit."""
+    assert checks.at_most(0.0, "relative L2") == "0, bit for bit (relative L2)"
+    assert checks.at_most(0) == "0, bit for bit"
+    assert checks.at_most(0.03) == "<= 0.03" and checks.at_most(1e-5, "relative L2") == "<= 1e-05 (relative L2)"

@@ -87,7 +87,7 @@ def test_the_recipe_rows(tmp_path):
                 "fast() refuses an unknown lossy name, naming the allowed ones",
                 "the LOSSY knob allows the recipe's lossy names",
                 "every image shown reads as its prompt's digit (a grid row: at least its floor)"}
-    expected |= {f"lossy {n}: (SSIM, share of digits read) against the lossless images"
+    expected |= {f"lossy {n}: SSIM and share of digits read, against the lossless images"
                  for n in ("cache", "fewer-steps", "cache + fewer-steps")}
     assert expected <= set(claims), expected - set(claims)
     text = nb.text()

@@ -168,3 +168,15 @@ def test_auto_weights_for_notebook_16s_all_models_name_the_trained_one():
     weights, reason = params.resolve_weights("auto", "all", "smoke")
     assert weights == "random" and "trained smoke model for flux-dev" in reason and "for all" not in reason
     assert params.resolve_weights("auto", "sdxl", "smoke")[1].endswith("no trained smoke model ships for sdxl")
+
+
+def test_auto_weights_in_notebook_04_are_random_and_the_card_says_auto():
+    """04 times compiles at full depth: WEIGHTS='auto' resolves to random there, and its card says 'auto', not that
+    random weights were chosen explicitly; other notebooks still get the trained smoke model."""
+    from helpers import params
+
+    run = params.resolve("04_regional_compilation", PROFILE="smoke", WEIGHTS="auto", models=("flux-dev",))
+    assert run.weights == "random" and run.weights_reason.startswith("auto: random, because compile time grows")
+    assert params.resolve("04_regional_compilation", PROFILE="smoke", WEIGHTS="random",
+                          models=("flux-dev",)).weights_reason == "random: chosen explicitly"
+    assert params.resolve_weights("auto", "flux-dev", "smoke", "03_torch_compile")[0].endswith("flux-dev-smoke")

@@ -333,8 +333,10 @@ def test_published_line_sets_this_run_beside_the_published_figure(tmp_path):
     from helpers import report
 
     line = report.published_line("eager-latency", 0.5, "cpu", "smoke", results_dir=tmp_path)  # no GPU rows there
-    assert line == ("eager bf16, seconds per image: this run (cpu, smoke profile) 0.50 s (tiny model: no comparison); published: "
+    assert line == ("eager bf16, seconds per image: this run (cpu, smoke profile) 0.500 s (tiny model: no comparison); published: "
                     "6.70 s for flux-dev on H100 (hands-on-guide)")  # the comparison named in words, then the figures
+    assert "profile) 0.0241 s (tiny" in report.published_line("eager-latency", 0.02412, "cpu", "smoke",
+                                                              results_dir=tmp_path)  # not rounded to 0.02 s
     assert "published: 1.49x" in report.published_line("compile-speedup", 1.2, "cpu", "smoke")  # 6.7 / 4.5
     assert "this run (cpu, smoke profile) not measured (" in report.published_line("compile-speedup", None, "cpu",
                                                                                    "smoke")  # not a bare dash
