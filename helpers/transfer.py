@@ -635,6 +635,7 @@ def probe_quantized(sub: Subject, name: str) -> Cell:
     if not measured.get("refused") and not measured.get("error"):
         measured |= _compile_once(sub, lambda net: net.compile_repeated_blocks(fullgraph=True, backend=sub.compiler))
     sub.restore()
+    stack.restore_inductor_defaults()  # torchao's configs set inductor flags for the process: later probes go without
     return Cell(sub.model, name, *verdict_quantized(measured, QUANTIZED_DRIFT_BAND[name]), measured=measured)
 
 

@@ -303,3 +303,12 @@ def test_knobs_are_refused_naming_what_is_allowed():
 ])
 def test_a_refusal_off_the_gpu_is_hardware_and_on_it_only_a_compute_capability(text, device, refusal):
     assert transfer._hardware_refusal(RuntimeError(text), torch.device(device)) is refusal
+
+
+def test_a_quantized_probe_leaves_inductor_s_global_flags_at_their_defaults(sub):
+    """torchao's configs switch on inductor flags for the whole process (set_inductor_config=True); the probe puts
+    them back, so the probes after it (16's LoRA hot-swap among them) compile as they would alone."""
+    from helpers import stack
+
+    transfer.probe_quantized(sub, "int8")  # int8 runs on a CPU too
+    assert {f: getattr(torch._inductor.config, f) for f in stack.INDUCTOR_DEFAULTS} == stack.INDUCTOR_DEFAULTS
