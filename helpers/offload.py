@@ -325,7 +325,7 @@ class ModeChecks:
         if not self.run.is_cuda:
             self.default_call_error = error_of(pipe.enable_model_cpu_offload)
             out.append(("without an accelerator diffusers refuses the plain call", self.default_call_error,
-                        "... accelerator ...", "accelerator" in self.default_call_error))
+                        "an error naming the accelerator", "accelerator" in self.default_call_error))
         return out
 
     def no_offload_compiled(self, pipe: Any) -> list[tuple[str, Any, Any, bool]]:
@@ -578,10 +578,11 @@ class ModeChecks:
             error = self.get(parity_row, "run_error") or ""
             cause = self.get("sequential offload: cpu:0 check", "checks") or {}
             out.append(("on a CPU, diffusers' sequential offload fails with the TypeError of the device cpu:0", error,
-                        "TypeError ...", self.get(parity_row) == "skipped" and error.startswith("TypeError")))
+                        "a TypeError", self.get(parity_row) == "skipped" and error.startswith("TypeError")))
             linear = {d: cause.get(d, {}).get("nn.Linear under accelerate.cpu_offload", "") for d in ("cpu", "cpu:0")}
             out.append(("accelerate's cpu_offload fails with the device 'cpu:0' and runs with 'cpu'", linear,
-                        "TypeError / runs", linear["cpu:0"].startswith("TypeError") and linear["cpu"] == "runs"))
+                        {"cpu": "runs", "cpu:0": "a TypeError"},
+                        linear["cpu:0"].startswith("TypeError") and linear["cpu"] == "runs"))
             parity_row = "sequential offload: stand-in parity"
         drift = self.get(parity_row, "drift_vs_no_offload")
         suffix = " (accelerate stand-in)" if "stand-in" in parity_row else ""
@@ -589,8 +590,9 @@ class ModeChecks:
         if self.reference is None:  # what holds without a reference; the comparison is a skipped row
             self.not_checkable(claim)
             out.append((f"{mode} offload runs and draws finite latents{suffix}",
-                        self.get(parity_row, "run_error") or f"finite {self.get(parity_row, 'latents_finite')}",
-                        "finite True", self.get(parity_row) == "skipped"
+                        self.get(parity_row, "run_error") or ("finite" if self.get(parity_row, "latents_finite")
+                                                              else "not finite"),
+                        "finite", self.get(parity_row) == "skipped"
                         and self.get(parity_row, "latents_finite") is True))
         # a GPU: transfers and kernels may differ in rounding; a CPU: bit for bit, except that model offload's
         # Module.to('cpu:0') copies the weights, which can move a float sum's last bits (Going deeper of notebook 08)
@@ -608,14 +610,15 @@ class ModeChecks:
                             self.get(trace, "traced") is True and self.get(trace, "graph_breaks") == 0))
             else:
                 out.append((f"{mode} offload: hooks in the blocks stop a fullgraph trace at torch.compiler.disable",
-                            (self.get(trace, "trace_error") or "traced")[:80], "torch.compiler.disable ...",
+                            (self.get(trace, "trace_error") or "traced")[:80], "an error naming torch.compiler.disable",
                             self.get(trace, "traced") is False
                             and "torch.compiler.disable" in (self.get(trace, "trace_error") or "")))
         if "compile" in self.mode_variants(mode):
             trace = f"{mode} offload: compile trace"
             out.append((f"{mode} offload: diffusers' whole-model compile runs, breaks at the hooks, matches eager",
                         (f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
-                         f"matches {self.get(trace, 'matches_eager')}"), "> 0 breaks, 0 recompiles, matches True",
+                         ("matches eager" if self.get(trace, "matches_eager") is True else "differs from eager")),
+                        "at least 1 break, 0 recompiles, matches eager",
                         self.get(trace, "traced") is True and (self.get(trace, "graph_breaks") or 0) > 0
                         and self.get(trace, "recompiles") == 0 and self.get(trace, "matches_eager") is True))
             out.append((f"{mode} offload: dynamo compiled with the raised recompile_limit",

@@ -12,8 +12,8 @@ from tests.nbrun import run_notebook, run_setup
 pytestmark = pytest.mark.notebook
 
 U = {"fp16": 2.0**-11, "bf16": 2.0**-8}
-CLAIMS = {"every TF32 switch is back as it was", "fp16 weights take half of fp32's bytes (modules kept in fp32 aside)",
-          "bf16 weights take half of fp32's bytes (modules kept in fp32 aside)",
+CLAIMS = {"every TF32 switch is back as it was", "fp16 weights take half of fp32's bytes (modules kept in fp32 aside; bytes)",
+          "bf16 weights take half of fp32's bytes (modules kept in fp32 aside; bytes)",
           "bf16 peaks below fp32, or (bf16 not native) the im2col fallback is its largest allocator",
           "fp32 run twice gives the same denoiser output", "bf16 output is finite",
           "bf16 denoiser drift at an exact guidance is in (0, 25 u)",

@@ -24,8 +24,8 @@ CLAIMS = {"the naive processor took every attention call of a step", "sdpa-math,
           "the naive processor took every call of each step, and only it",
           "naive attention holds a whole score matrix at 512 px (MiB)", "naive attention's memory grows faster than the tokens",
           "flash needs less memory than naive at 512 px (MiB)", "the naive pipeline's image is finite",
-          "naive attention needs at least SDPA's memory at every batch (MiB)",
-          "naive attention runs out of memory no later than SDPA (batch)",
+          "naive attention needs at least SDPA's memory at every batch (smallest naive - SDPA gap, MiB)",
+          "naive attention runs out of memory no later than SDPA (first batch out of memory)",
           "naive and SDPA agree in fp32 (relative L2)", "naive and SDPA agree in fp16 (relative L2)"}
 SWITCH = {"flux-dev": "gives sdpa_kernel(MATH)'s output", "sdxl": "changes nothing in SDXL's UNet"}
 

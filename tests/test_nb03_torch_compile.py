@@ -97,7 +97,7 @@ def test_torch_compile_rows(tmp_path):
     expected = {f"{main}: the first call compiled whole graphs, cold (no break, no cache hit)",
                 f"{main}: the pipeline's first call compiled nothing", f"{main}: later calls compiled nothing",
                 f"{main}: the compiled output is finite",
-                "the compiled step stays below 1.5x the measured matmul peak",
+                "the compiled step stays within the measured matmul peak (+ noise margin)",
                 "fail_on_recompile refuses a step at a new resolution, naming the guard",
                 "every image shown reads as its prompt's digit (a grid row: at least its floor)"}
     expected.add(f"{main}: matches eager (relative L2 error)" if dtype == "fp32" else
