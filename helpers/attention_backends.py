@@ -226,6 +226,24 @@ def sweep(step: Callable[[], Any], model: torch.nn.Module, backends: Sequence[st
     return found
 
 
+# sweep's keys as notebook 14's tables head them.
+SHOWN_AS: dict[str, str] = {
+    "distance": "distance to native's output (rel. L2)", "dispatched": "attention calls", "fallback": "silent fallback",
+    "kernels": "kernels the profiler saw: calls", "outside_contract": "diffusers' checks would refuse",
+}
+
+
+def shown(table: pd.DataFrame) -> pd.DataFrame:
+    """sweep's rows for display: columns in words (SHOWN_AS), a kernel count or a list as text, nothing as 'none'."""
+    def words(value: Any) -> Any:
+        if isinstance(value, dict):
+            return "; ".join(f"{k}: {n}" for k, n in value.items()) or "none"
+        if isinstance(value, list):
+            return ", ".join(map(str, value)) or "none"
+        return "none" if value == "" else value
+    return table.map(words).rename(columns=SHOWN_AS)
+
+
 def pick_backend(ran: pd.DataFrame) -> tuple[str, str]:
     """The fastest backend that ran (rows: sweep's 'ok' entries) and '' to adopt it, or why not: it runs native's
     kernels, or its median is not beyond the larger max-min spread of it and native (noise, not a faster kernel)."""

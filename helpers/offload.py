@@ -616,8 +616,8 @@ class ModeChecks:
         if "compile" in self.mode_variants(mode):
             trace = f"{mode} offload: compile trace"
             out.append((f"{mode} offload: diffusers' whole-model compile runs, breaks at the hooks, matches eager",
-                        (f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
-                         ("matches eager" if self.get(trace, "matches_eager") is True else "differs from eager")),
+                        f"{self.get(trace, 'graph_breaks')} breaks, {self.get(trace, 'recompiles')} recompiles, "
+                        + ("matches eager" if self.get(trace, "matches_eager") is True else "differs from eager"),
                         "at least 1 break, 0 recompiles, matches eager",
                         self.get(trace, "traced") is True and (self.get(trace, "graph_breaks") or 0) > 0
                         and self.get(trace, "recompiles") == 0 and self.get(trace, "matches_eager") is True))
