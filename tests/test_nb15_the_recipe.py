@@ -93,7 +93,7 @@ def test_the_recipe_rows(tmp_path):
     text = nb.text()
     assert "TL;DR, full / regional compile, cold first call: published: " in text
     assert "measured by this project: " in text  # the committed H200 figure follows the published one
-    assert text.count("lossy cache: threshold 0.6; quality cost: First Block Cache") == 1  # each lever's published
+    assert text.count("lossy cache: threshold 0.6 here; quality cost: First Block Cache") == 1  # each lever's published
     assert text.count("lossy fewer-steps: quality cost: half the steps") == 1  # cost, once (the combination is quiet)
 
 
