@@ -101,7 +101,7 @@ def test_lossy_stages_are_judged_by_their_images(nb):
     if params.trained_smoke_folder("flux-dev").joinpath("model_index.json").is_file():  # WEIGHTS="auto" loads it
         q = nb.row("quality: + int8")["extra"]
         assert 0 <= q["recognized"] <= 1 and q["psnr_db"] > 0 and -1 <= q["ssim"] <= 1 and q["frechet"] >= 0
-        assert nb.checks()["+ int8: the classifier reads the eager images' digits (share of 10)"]["holds"]
+        assert nb.checks()["+ int8: its digits read as the eager images' digits (share of the ten)"]["holds"]
         grid = nb.row("shown: eager and 8-bit digits")["extra"]["grid"]
         assert [g["label"] for g in grid] == ["eager", "+ int8"] and all(g["holds"] for g in grid), grid
     else:  # random weights draw noise: the notebook says quality cannot be judged
