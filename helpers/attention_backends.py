@@ -235,13 +235,8 @@ SHOWN_AS: dict[str, str] = {
 
 def shown(table: pd.DataFrame) -> pd.DataFrame:
     """sweep's rows for display: columns in words (SHOWN_AS), a kernel count or a list as text, nothing as 'none'."""
-    def words(value: Any) -> Any:
-        if isinstance(value, dict):
-            return "; ".join(f"{k}: {n}" for k, n in value.items()) or "none"
-        if isinstance(value, list):
-            return ", ".join(map(str, value)) or "none"
-        return "none" if value == "" else value
-    return table.map(words).rename(columns=SHOWN_AS)
+    return table.map(lambda v: text.words(v) if isinstance(v, dict | list) else "none" if v == "" else v).rename(
+        columns=SHOWN_AS)
 
 
 def pick_backend(ran: pd.DataFrame) -> tuple[str, str]:

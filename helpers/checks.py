@@ -28,19 +28,6 @@ class Claim:
     holds: bool
 
 
-def _text(value: Any) -> str:
-    """A measured or expected value as the table shows it: floats to 4 significant digits, a tuple or list as its
-    items joined by commas, a dict as 'key: value' pairs (never Python's brackets and quotes)."""
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    if isinstance(value, tuple | list | set | frozenset):
-        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
-        return ", ".join(_text(v) for v in items) if items else "none"
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {_text(v)}" for k, v in value.items()) if value else "none"
-    return str(value)
-
-
 def at_most(bound: float, unit: str = "") -> str:
     """An expected upper bound in words: '<= 0.03 (relative L2)', or '0, bit for bit (relative L2)' where it is 0."""
     said = "0, bit for bit" if bound == 0 else f"<= {bound:g}"
@@ -58,7 +45,7 @@ class Checks:
         """Add one claim; holds is the comparison itself (a NaN comparison is False, so it fails)."""
         if any(c.claim == claim for c in self.claims):
             raise ValueError(f"claim {claim!r} is already listed; name each claim once")
-        self.claims.append(Claim(claim, _text(measured), _text(expected), bool(holds)))
+        self.claims.append(Claim(claim, text.words(measured), text.words(expected), bool(holds)))
 
     def table(self) -> pd.DataFrame:
         """The claims as a table: claim, measured, expected, holds."""

@@ -537,10 +537,10 @@ class ModeChecks:
                "hooks in repeated blocks (count)": self.get(trace, "hooks_in_repeated_blocks")
                if self.get(trace) else later,
                "blocks trace as one graph": self.get(trace, "traced") if self.get(trace) else later}
-        timed = {f"{SCENARIO[v]} latency (s)": self.ok(f"{mode} offload {SCENARIO[v]}", "latency_median_s")
-                 for v in SCENARIO}
         if not self.run.is_cuda:
             return out
+        timed = {f"{SCENARIO[v]} latency (s)": self.ok(f"{mode} offload {SCENARIO[v]}", "latency_median_s")
+                 for v in SCENARIO}
         if not any(timed.values()):
             return out | {"latency (s)": "not timed: see its rows"}
         return out | {k: "—" if v is None else v for k, v in timed.items()}

@@ -85,9 +85,8 @@ class Cell:
 
     def text(self, limit: int = 160) -> str:
         """The cell as the table prints it, e.g. 'works: 1 graph, drift 3.1e-03' or 'fails: <message>'."""
-        words = self.verdict
         detail = "; ".join(x for x in (self.figure, shorten(self.message, limit)) if x)
-        return f"{words}: {detail}" if detail else words
+        return f"{self.verdict}: {detail}" if detail else self.verdict
 
 
 def shorten(message: str, limit: int = 160) -> str:
