@@ -48,9 +48,9 @@ class Checks:
         self.claims.append(Claim(claim, text.words(measured), text.words(expected), bool(holds)))
 
     def table(self) -> pd.DataFrame:
-        """The claims as a table: claim, measured, expected, holds."""
-        return pd.DataFrame([c.__dict__ for c in self.claims],
-                            columns=["claim", "measured", "expected", "holds"]).set_index("claim")
+        """The claims as a table: claim, measured, expected, holds (yes / no)."""
+        table = pd.DataFrame([c.__dict__ for c in self.claims], columns=["claim", "measured", "expected", "holds"])
+        return table.assign(holds=table["holds"].map(text.words)).set_index("claim")
 
     def evaluate(self, writer: ResultWriter | None = None) -> pd.DataFrame:
         """Record the table as the row 'checks' (when a writer is given), return it, and raise ChecksFailed naming

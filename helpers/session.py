@@ -73,6 +73,17 @@ class Session:
         so a cell ending in it echoes no list)."""
         self.gallery.show_committed(name, caption)
 
+    def _tokens(self) -> str:
+        """The text tokens the denoiser reads, per model (notebook 16's three each their own)."""
+        r, n = self.run, self.run.settings.max_sequence_length
+        if r.model != "all":
+            return {"flux-dev": f"{n} T5 tokens", "sdxl": "77 CLIP tokens"}.get(r.model, f"{n} text tokens")
+        from helpers.pipelines import SMOKE_TEXT_TOKENS  # diffusers' import, only for notebook 16
+
+        flux2 = SMOKE_TEXT_TOKENS["flux2-dev"] if r.profile == "smoke" else n
+        return (f"text tokens: {n} for Flux-1-Dev, {flux2} for FLUX.2 (its system message included), the prompt's "
+                "own count for Qwen-Image")
+
     def card_table(self, full: bool = False, steps: int | None = None,
                    timing: tuple[int, int] | None = None) -> pd.DataFrame:
         """The run at a glance (8 rows: device, dtype, profile, model, weights, workload, versions, revision), or with
@@ -89,10 +100,8 @@ class Session:
         dtype = dtype if full else dtype.split("; ")[0]  # at a glance: the choice and its reason, not the forensics
         rows = [("device", device), ("dtype", dtype), ("profile", r.profile_reason),
                 ("model", r.model), ("weights", r.weights_reason or r.weights),
-                ("workload", (f"{r.settings.height}x{r.settings.width}, {steps} steps, "
-                              + {"flux-dev": f"{r.settings.max_sequence_length} T5 tokens, ", "sdxl": "77 CLIP tokens, "}
-                              .get(r.model, f"{r.settings.max_sequence_length} text tokens, ")
-                              + f"guidance {r.settings.guidance}")),
+                ("workload", (f"{r.settings.height}x{r.settings.width}, {steps} steps, {self._tokens()}, "
+                              f"guidance {r.settings.guidance}")),
                 ("torch / diffusers", f"{c.versions.get('torch', '?')} / {c.versions.get('diffusers', '?')}"),
                 ("git revision", c.git_rev)]
         if full:

@@ -22,8 +22,11 @@ def count(n: int, noun: str, plural: str = "") -> str:
 
 
 def words(value: Any) -> str:
-    """A value as a table shows it to a learner: floats to 4 significant digits, a tuple or list as its items joined
-    by commas, a dict as 'key: value' pairs, an empty one as 'none' (never Python's brackets and quotes)."""
+    """A value as a table shows it to a learner: True/False as yes/no, floats to 4 significant digits, a tuple or list
+    as its items joined by commas, a dict as 'key: value' pairs, an empty one as 'none' (never Python's brackets and
+    quotes)."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, tuple | list | set | frozenset):

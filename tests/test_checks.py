@@ -18,7 +18,7 @@ def test_all_claims_hold_records_the_table(tmp_path):
     c.add("parity (relative L2)", drift, "< 0.01", drift < 0.01)
     writer = _writer(tmp_path)
     table = c.evaluate(writer)
-    assert list(table.columns) == ["measured", "expected", "holds"] and table["holds"].all()
+    assert list(table.columns) == ["measured", "expected", "holds"] and (table["holds"] == "yes").all()
     assert table.loc["parity (relative L2)", "measured"] == "0.001235"
     (row,) = [r for r in results.read_rows(tmp_path).itertuples() if r.scenario == "checks"]
     assert row.status == "ok" and [x["claim"] for x in row.extra["checks"]] == list(table.index)
@@ -50,7 +50,10 @@ def test_values_read_as_text_not_python():
     c.add("sizes", (26, 87), "two sizes", True)
     c.add("per backend", {"native": 0.5, "flash": [1, 2]}, {}, True)
     c.add("missing", [], set(), True)
+    c.add("matches", {"finite": True}, False, False)  # a claim that fails: its table row reads 'no'
     t = c.table()
+    assert t.loc["matches", "measured"] == "finite: yes" and t.loc["matches", "expected"] == "no"
+    assert t.loc["matches", "holds"] == "no" and t.loc["sizes", "holds"] == "yes"
     assert t.loc["sizes", "measured"] == "26, 87"
     assert t.loc["per backend", "measured"] == "native: 0.5; flash: 1, 2" and t.loc["per backend", "expected"] == "none"
     assert t.loc["missing", "measured"] == "none" and t.loc["missing", "expected"] == "none"

@@ -158,3 +158,12 @@ def test_the_full_card_says_each_thing_once_in_words(tmp_path):
     from helpers import session
     assert session.knob_text(None).startswith("None (the notebook's default") and session.knob_text("a b") == "a b"
     assert session.knob_text(["fp8", "cache"]) == "fp8, cache"
+
+
+def test_the_card_names_each_models_text_tokens_in_notebook_16(tmp_path):
+    """16 runs three models: its card gives each one's text tokens, not the profile's 32 for all (Qwen-Image read 15)."""
+    s = session.start("gallery_test", PROFILE="smoke", MODEL="all", WEIGHTS="auto", DTYPE="fp32",
+                      RESULTS_DIR=str(tmp_path), models=("all", "flux-dev", "qwen-image", "flux2-dev"))
+    line = s.card_table().loc["workload", "value"]
+    assert "32 for Flux-1-Dev, 64 for FLUX.2" in line and "own count for Qwen-Image" in line, line
+    assert "32 T5 tokens" in _session(tmp_path).card_table().loc["workload", "value"]
