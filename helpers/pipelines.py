@@ -331,8 +331,9 @@ def denoiser_inputs(
     batch_size: int = 1,
     guidance: float = 3.5,
     seed: int = 0,
+    prompt: str = PROMPT,
 ) -> dict[str, Any]:
-    """Keyword arguments for one denoiser forward at the first step, exactly as the pipeline builds them.
+    """Keyword arguments for one denoiser forward at the first step, exactly as the pipeline builds them for prompt.
 
     Every tensor has the dtype, shape and strides the pipeline's first denoiser call gets, and the keys are the
     ones it passes, so a denoiser compiled on these inputs serves the pipeline without recompiling (dynamo
@@ -348,7 +349,7 @@ def denoiser_inputs(
     model = _model_of(pipe)
     net = denoiser(pipe)
     device = pipe._execution_device
-    prompts = [PROMPT] * batch_size
+    prompts = [prompt] * batch_size
     generator = torch.Generator(device="cpu").manual_seed(seed)
     if model == "flux2-dev":
         return _flux2_inputs(pipe, prompts, height, width, max_sequence_length, guidance, generator, seed)

@@ -811,19 +811,19 @@ def cells_frame(cells: list[Cell]) -> pd.DataFrame:
 
 
 def counts_line(cells: list[Cell]) -> str:
-    """Per model, how many of its levers work, work with breaks or recompiles, work with a change, are refused or not
-    run here, or fail (only the outcomes that occur), e.g. 'Qwen-Image: 11 of 16 work, 1 works with a change, 4
-    refused or not run here'."""
+    """Per model, how many of its levers work, and which work with breaks or recompiles, work with a change, are
+    refused or not run here, or fail (only the outcomes that occur), e.g. 'Qwen-Image: 11 of 16 work, 1 works with
+    a change (context parallel), 4 refused or not run here (fp8, nf4, model offload, group offload)'."""
     parts = []
     for model in [m for m in MODELS if any(c.model == m for c in cells)]:
-        outcomes = [c.outcome for c in cells if c.model == model]
-        n = {what: sum(o in kinds for o in outcomes) for what, kinds in (
+        mine = [c for c in cells if c.model == model]
+        levers = {what: [c.lever for c in mine if c.outcome in kinds] for what, kinds in (
             (("works with breaks or recompiles", "work with breaks or recompiles"), ("breaks", "recompiles")),
             (("works with a change", "work with a change"), ("needs a change",)),
             (("refused or not run here", "refused or not run here"), ("refused here", "not run here")),
             (("fails", "fail"), ("fails",)))}
-        said = [f"{outcomes.count('works')} of {len(outcomes)} work"]
-        said += [f"{count} {what[count != 1]}" for what, count in n.items() if count]
+        said = [f"{sum(c.outcome == 'works' for c in mine)} of {len(mine)} work"]
+        said += [f"{len(named)} {what[len(named) != 1]} ({', '.join(named)})" for what, named in levers.items() if named]
         parts.append(f"{MODEL_NAMES[model]}: " + ", ".join(said))
     return "; ".join(parts)
 

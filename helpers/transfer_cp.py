@@ -1,10 +1,11 @@
 """Notebook 16's context-parallel parity check: one denoiser step split with Ulysses over the ranks of a torchrun job,
 against the same step in one process.
 
-    torchrun --nproc-per-node 2 -m helpers.transfer_cp MODEL PROFILE DTYPE SEED HEIGHT WIDTH TOKENS OUT_JSON [WEIGHTS]
+    torchrun --nproc-per-node 2 -m helpers.transfer_cp MODEL PROFILE DTYPE SEED HEIGHT WIDTH TOKENS OUT_JSON [WEIGHTS [PROMPT]]
 
 Every rank builds the same pipeline (helpers.pipelines; WEIGHTS as the notebook's column has them: "random" by
-default, or the trained smoke Flux's folder, as notebook 13 splits it), computes the unsplit step, then
+default, or the trained smoke Flux's folder, as notebook 13 splits it), encodes PROMPT (the notebook's: Qwen-Image's
+text length is the prompt's own), computes the unsplit step, then
 `transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=world_size))` and the split step; rank 0
 writes {"drift", "degree", "backend", "weights", "dtype", tokens} (or {"error"}) to OUT_JSON. Where the plain config
 refuses a sequence that does not divide by the degree (an odd text length over 2 ranks), the split is tried again on a
@@ -52,7 +53,7 @@ def weights_label(weights: str) -> str:
 
 
 def split_step(model: str, profile: str, dtype: torch.dtype, seed: int, height: int, width: int,
-               tokens: int, weights: str = "random") -> dict[str, Any]:
+               tokens: int, weights: str = "random", prompt: str = pipelines.PROMPT) -> dict[str, Any]:
     """On this rank: the unsplit and the Ulysses-split step of the model's denoiser; their relative difference. An
     uneven split the plain config refuses is tried again, on a rebuilt denoiser, with ulysses_anything=True."""
     cuda = torch.cuda.is_available()
@@ -60,7 +61,8 @@ def split_step(model: str, profile: str, dtype: torch.dtype, seed: int, height: 
     build = lambda: pipelines.build_pipeline(model, profile, weights=weights, dtype=dtype, device=device,
                                              seed=seed)
     pipe = build()
-    inputs = pipelines.denoiser_inputs(pipe, height=height, width=width, max_sequence_length=tokens, seed=seed)
+    inputs = pipelines.denoiser_inputs(pipe, height=height, width=width, max_sequence_length=tokens, seed=seed,
+                                       prompt=prompt)
     shape = {"degree": dist.get_world_size(), "backend": dist.get_backend(), "weights": weights_label(weights),
              "dtype": next((k for k, v in params.DTYPES.items() if v == dtype), str(dtype)),
              "text_tokens": inputs["encoder_hidden_states"].shape[1], "image_tokens": inputs["hidden_states"].shape[1]}
@@ -83,7 +85,7 @@ def main(argv: list[str]) -> int:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         result = split_step(model, profile, params.DTYPES[dtype_name], int(seed), int(height), int(width),
-                            int(tokens), weights=rest[0] if rest else "random")
+                            int(tokens), *rest[:2])
     except Exception as err:  # noqa: BLE001 the library's message is the result
         result = {"error": text.first_line(err)}
     if dist.get_rank() == 0:
@@ -93,13 +95,14 @@ def main(argv: list[str]) -> int:
 
 
 def run_split(model: str, profile: str, dtype_name: str, seed: int, height: int, width: int, tokens: int,
-              degree: int = 2, timeout_s: float = 600, weights: str = "random") -> dict[str, Any]:
+              degree: int = 2, timeout_s: float = 600, weights: str = "random",
+              prompt: str = pipelines.PROMPT) -> dict[str, Any]:
     """Launch main under `torchrun --nproc-per-node degree` and return what rank 0 wrote (or the launch error)."""
     with tempfile.TemporaryDirectory(prefix="nb16-cp-") as tmp:
         out = Path(tmp) / "split.json"
         try:
             parallel.torchrun(degree, "-m", "helpers.transfer_cp", model, profile, dtype_name, str(seed),
-                              str(height), str(width), str(tokens), str(out), str(weights), timeout_s=timeout_s)
+                              str(height), str(width), str(tokens), str(out), str(weights), prompt, timeout_s=timeout_s)
         except (RuntimeError, OSError) as err:
             return {"error": str(err).strip().splitlines()[0]}
         return json.loads(out.read_text())
@@ -110,9 +113,10 @@ if __name__ == "__main__":
 
 
 def splitter(model: str, profile: str, dtype_name: str, seed: int, height: int, width: int, tokens: int,
-             device: torch.device, degree: int = 2, weights: str = "random") -> Any:
+             device: torch.device, degree: int = 2, weights: str = "random", prompt: str = pipelines.PROMPT) -> Any:
     """A zero-argument callable running run_split for this model with the weights its column runs, or None where
     `degree` ranks cannot run here (a machine with fewer CUDA GPUs than ranks; CPU processes over gloo always can)."""
     if device.type == "cuda" and torch.cuda.device_count() < degree:
         return None
-    return lambda: run_split(model, profile, dtype_name, seed, height, width, tokens, degree, weights=weights)
+    return lambda: run_split(model, profile, dtype_name, seed, height, width, tokens, degree, weights=weights,
+                             prompt=prompt)

@@ -259,12 +259,13 @@ def test_the_table_and_its_rows_agree(tmp_path):
         transfer.Cell("flux-dev", "compile", "mostly works")
     # the TL;DR count: a planted failure or break is counted as such, never as working
     assert transfer.counts_line(cells) == ("Flux-1-Dev: 1 of 1 work; Qwen-Image: 0 of 2 work, 1 works with breaks or "
-                                           "recompiles, 1 refused or not run here")
+                                           "recompiles (compile), 1 refused or not run here (fp8)")
     planted = [*cells, transfer.Cell("flux-dev", "int8", "fails", "", "RuntimeError: x")]
-    assert transfer.counts_line(planted).startswith("Flux-1-Dev: 1 of 2 work, 1 fails;")
+    assert transfer.counts_line(planted).startswith("Flux-1-Dev: 1 of 2 work, 1 fails (int8);")
     changed = [*cells, *(transfer.Cell("flux-dev", lever, "needs a change", measured=CHANGED[lever])
                          for lever in CHANGED)]  # counted apart from plain works, never as works
-    assert transfer.counts_line(changed).startswith("Flux-1-Dev: 1 of 3 work, 2 work with a change;")
+    assert transfer.counts_line(changed).startswith(
+        "Flux-1-Dev: 1 of 3 work, 2 work with a change (taylorseer cache, context parallel);")
 
 
 def test_the_committed_counts_read_the_rows_each_machine_wrote(tmp_path):

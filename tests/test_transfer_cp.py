@@ -4,13 +4,15 @@ column runs (Flux-1-Dev: the trained smoke model, as notebook 13 splits it)."""
 
 from pathlib import Path
 
-from helpers import compile_tools, params, transfer, transfer_cp
+import torch
+
+from helpers import compile_tools, params, pipelines, transfer, transfer_cp
 
 TOL = compile_tools.PARITY_TOLERANCE["bf16"]
 
 
 def test_an_uneven_split_is_tried_again_with_ulysses_anything():
-    got = transfer_cp.run_split("qwen-image", "smoke", "bf16", 0, 128, 128, 32)
+    got = transfer_cp.run_split("qwen-image", "smoke", "bf16", 0, 128, 128, 32, prompt=pipelines.PROMPT)
     assert "error" not in got, got  # a launch or split error, shown whole
     assert got["text_tokens"] % 2 == 1 and transfer.NOT_DIVISIBLE in got["plain_error"], got
     assert got["change"] == transfer.ULYSSES_ANYTHING and got["drift"] <= TOL, got
@@ -27,3 +29,17 @@ def test_the_split_runs_the_weights_of_its_column():
     assert got["drift"] <= TOL
     figure = transfer.verdict_context_parallel({"cp_plan": 4} | got, TOL)[1]
     assert f"({Path(weights).name} weights, bf16)" in figure
+
+
+def test_the_split_encodes_the_notebooks_prompt(monkeypatch):
+    """Qwen-Image's text length is its prompt's own, so whether the plain split divides depends on the prompt: the
+    split must encode the notebook's PROMPT, not a fixed one."""
+    seen = {}
+    monkeypatch.setattr(transfer_cp, "run_split", lambda *args, **kwargs: seen.update(kwargs))
+    transfer_cp.splitter("qwen-image", "smoke", "bf16", 0, 128, 128, 32, torch.device("cpu"), prompt="a fox")()
+    assert seen["prompt"] == "a fox"
+    pipe = pipelines.build_pipeline("qwen-image", "smoke", dtype=torch.bfloat16)
+    fox = "a photo of a red fox reading a newspaper"  # notebook 16's PROMPT
+    length = {p: pipelines.denoiser_inputs(pipe, height=128, width=128, prompt=p)["encoder_hidden_states"].shape[1]
+              for p in (pipelines.PROMPT, fox)}
+    assert length[pipelines.PROMPT] % 2 == 1 and length[fox] != length[pipelines.PROMPT], length
