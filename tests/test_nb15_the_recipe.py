@@ -71,6 +71,7 @@ def test_the_recipe_rows(tmp_path):
     # the levers this machine skipped, with their reasons, and the images shown, judged as digits
     levers = nb.row("recipe levers")["extra"]["levers"]
     assert "CUDA" in levers["cuDNN attention"] and levers["compile"].startswith("regional: ")
+    assert levers["fused QKV"] == "applied"  # read from the pipeline: without a GPU, fast() fuses
     shown = rows[rows["scenario"].str.startswith("shown: ")]
     assert len(shown) == 3 and all(e["judged"] and all(g["holds"] for g in e["grid"]) for e in shown["extra"])
 
