@@ -201,8 +201,8 @@ def aoti_refusal() -> str:
     return ""
 
 
-def skip_reason(lever: str, model: str, device: torch.device) -> str:
-    """Why a lever cannot run for this model on this device ('' when it can)."""
+def skip_reason(lever: str, model: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
+    """Why a lever cannot run for this model on this device, in this dtype where given ('' when it can)."""
     cuda = device.type == "cuda"
     if lever == "aoti":
         return aoti_refusal()
@@ -212,11 +212,13 @@ def skip_reason(lever: str, model: str, device: torch.device) -> str:
                     "set_attention_backend does not reach them")
         if not cuda:
             return "SDPA's cuDNN attention backend needs a CUDA GPU"
+        if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
+            return f"SDPA's cuDNN attention takes bf16 or fp16 inputs only; this run is {str(dtype).removeprefix('torch.')}"
     if lever == "fp8":
         refused = fp8_refusal()
-        if refused or not cuda:
-            return (refused or "torchao's fp8 recipe runs on CUDA (or XPU) here, not on this device") + (
-                " (fp8 matmuls need compute capability 8.9 or newer: Ada, Hopper)")
+        if refused or not cuda:  # torchao's own refusal names the compute capability it needs
+            return refused or ("torchao's fp8 recipe runs on CUDA (or XPU) here, not on this device (fp8 matmuls "
+                               "need compute capability 8.9 or newer: Ada, Hopper)")
         if torch.cuda.get_device_capability(device) < (8, 9):
             return (f"fp8 matmuls need compute capability 8.9 or newer (Ada, Hopper); this GPU is "
                     f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
@@ -425,7 +427,7 @@ class Ladder:
         for s in self.stages:
             if brief:
                 lines[s.name] = {"image (s)": s.image.median_s, "step (ms)": s.step.median_s * 1e3,
-                                 "first image incl. compile (s)": s.first_image_s,
+                                 "first image incl. compile, cache as found (s)": s.first_image_s,
                                  "step drift vs eager (rel. L2)": s.step_drift, "band (rel. L2)": s.tolerance,
                                  "graphs at first image (count)": s.graphs, "graph breaks (count)": s.graph_breaks,
                                  "recompiles after (count)": s.recompiles}

@@ -278,3 +278,18 @@ def test_without_a_reference_what_holds_is_checked_and_the_comparison_is_a_skipp
     with_ref = offload.ModeChecks(s.run, s.writer, reference=torch.zeros(1), inputs=None, variants=[], repeats=1,
                                   recompile_limit=8, info={"group_block": {}})
     assert not with_ref.first_to_run("group_block")
+
+
+def test_a_gpu_run_without_the_regional_variant_says_so_in_the_trace_columns(tmp_path, monkeypatch):
+    """The capped GPU groups run VARIANTS=["eager"]: no fullgraph trace row, so the per-mode table says the variant
+    was left out, not the CPU's stand-in label."""
+    from helpers import session
+
+    s = session.start("08_cpu_offload", PROFILE="smoke", DTYPE="fp32", RESULTS_DIR=str(tmp_path))
+    checker = offload.ModeChecks(s.run, s.writer, reference=torch.zeros(1), inputs=None, variants=["eager"],
+                                 repeats=1, recompile_limit=8)
+    assert checker.summary("model")["blocks trace as one graph"] == "on a CPU: its stand-in, Going deeper"
+    monkeypatch.setattr(type(s.run), "is_cuda", property(lambda self: True))
+    line = checker.summary("model")
+    assert line["blocks trace as one graph"] == line["hooks in repeated blocks (count)"] == (
+        "not traced: VARIANTS has no 'regional'")

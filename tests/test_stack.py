@@ -87,6 +87,16 @@ def test_skip_reasons_on_a_cpu():
     assert "CUDA GPU" in stack.cuda_graphs_reason(cpu)
 
 
+def test_cudnn_attention_is_skipped_in_fp32_on_a_gpu():
+    """SDPA's cuDNN kernel takes 16-bit inputs only: on a GPU an fp32 run skips the lever, with why, instead of
+    raising 'No available kernel' mid-ladder; bf16 and fp16 keep it."""
+    gpu = torch.device("cuda")
+    assert "bf16 or fp16" in stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.float32)
+    assert stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.bfloat16) == ""
+    assert stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.float16) == ""
+    assert stack.skip_reason("cudnn-attention", "flux-dev", gpu) == ""  # no dtype given: the device decides
+
+
 def test_ladder_measures_drift_from_its_first_stage():
     torch.manual_seed(0)
     net = torch.nn.Linear(8, 8)
