@@ -445,7 +445,8 @@ SKIP_KINDS: tuple[tuple[str, str], ...] = (
     (r"missing package|Hugging Face Hub at run time", "attention backend: package or Hub download absent"),
     (r"2 or more (GPUs|CUDA)|one GPU each", "needs two or more GPUs (this project's GPU runs had one)"),
     (r"offloaded pipeline did not run, as expected on a CPU",
-     "sequential offload: diffusers' cannot run on a CPU (its device becomes cpu:0; a stand-in runs instead)"),
+     ("sequential offload: diffusers' enable_sequential_cpu_offload cannot run on a CPU (its device becomes cpu:0; "
+      "a stand-in runs instead)")),
     (r"fastest (backend )?measured", "attention: no backend measurably beat native SDPA here, so nothing to switch"),
     (r"CUDA|NVIDIA GPU|No GPU found|accelerator|kernel for cpu|device is cpu",
      "needs a CUDA GPU (a kernel, a mode or GPU memory this machine lacks)"),

@@ -290,7 +290,7 @@ def verdict_resolution(measured: dict[str, Any]) -> tuple[str, str, str]:
     sizes = " and ".join(f"{h}x{w}" for h, w in measured["sizes"][1:])
     first = f"{measured['sizes'][0][0]}x{measured['sizes'][0][1]}"
     figure = (f"{sizes} after {first}: the default compiles {text.count(default, 'more graph')} (its block classes "
-              f"again, at a new size), dynamic=True {dynamic}")
+              f"again at the next size, dynamic from then on: notebook 05), dynamic=True {dynamic}")
     if measured.get("graph_breaks", 0):
         return "breaks", figure + f"; {text.count(measured['graph_breaks'], 'graph break')}", ""
     return ("works", figure, "") if dynamic == 0 else ("recompiles", figure, "")
@@ -303,12 +303,13 @@ def verdict_cache(measured: dict[str, Any]) -> tuple[str, str, str]:
     change, plain = measured.get("change"), measured.get("plain_error", "")
     if measured.get("error"):
         if change:
-            return "fails", f"inside `{change}`, as the plain call's error asks", \
-                f"{measured['error']}; plain call: {plain}"
+            return "fails", "", (f"{measured['error']} (inside `{change}`, as the plain call's error asks); "
+                                 f"plain call: {plain}")
         return "fails", "", measured["error"]
     unit = measured["unit"]
-    figure = (f"{measured['skipped']} of {measured['calls']} {unit} computations skipped at {measured['setting']:g} "
-              f"in {measured['steps']} steps")
+    knob = "threshold" if unit == "block" else "an interval of"  # block caches decide by a threshold
+    figure = (f"{measured['skipped']} of {measured['calls']} {unit} computations skipped at {knob} "
+              f"{measured['setting']:g} in {measured['steps']} steps")
     figure = f"`{change}`, one `with` per call: {figure}" if change else figure
     if not measured.get("finite", False):
         return "fails", figure, "the output is not finite"
@@ -1075,7 +1076,7 @@ def published_lines(cells: list[Cell], hardware: str, profile: str) -> str:
 
     speed, qwen_step, flux2_step = (measured("qwen-image", "speedup"), measured("qwen-image", "eager_step_s"),
                                     measured("flux2-dev", "eager_step_s"))
-    fmt = lambda v: "not timed (the full profile times it)" if v is None else f"{v:.3f} s per step"
+    fmt = lambda v: "not timed here, the full profile times it" if v is None else f"{v:.3f} s per step"
     return "\n".join([
         report.published_line("transfer-qwen-compile-speedup-docs", speed, hardware, profile, model="qwen-image"),
         report.published_beside("Qwen-Image without levers", f"one eager step {fmt(qwen_step)}", hardware, profile,
