@@ -222,6 +222,8 @@ def skip_reason(lever: str, model: str, device: torch.device, dtype: torch.dtype
         if torch.cuda.get_device_capability(device) < (8, 9):
             return (f"fp8 matmuls need compute capability 8.9 or newer (Ada, Hopper); this GPU is "
                     f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
+        if dtype is not None and dtype != torch.bfloat16:
+            return f"torchao's row-wise fp8 takes bf16 weights only; this run is {str(dtype).removeprefix('torch.')}"
     return ""
 
 

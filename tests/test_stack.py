@@ -87,14 +87,18 @@ def test_skip_reasons_on_a_cpu():
     assert "CUDA GPU" in stack.cuda_graphs_reason(cpu)
 
 
-def test_cudnn_attention_is_skipped_in_fp32_on_a_gpu():
-    """SDPA's cuDNN kernel takes 16-bit inputs only: on a GPU an fp32 run skips the lever, with why, instead of
-    raising 'No available kernel' mid-ladder; bf16 and fp16 keep it."""
+def test_cudnn_attention_and_fp8_are_skipped_in_a_dtype_they_refuse(monkeypatch):
+    """SDPA's cuDNN kernel takes 16-bit inputs only, torchao's row-wise fp8 bf16 weights only: on a GPU a run in
+    another dtype skips the lever, with why, instead of raising mid-ladder."""
     gpu = torch.device("cuda")
     assert "bf16 or fp16" in stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.float32)
     assert stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.bfloat16) == ""
     assert stack.skip_reason("cudnn-attention", "flux-dev", gpu, torch.float16) == ""
     assert stack.skip_reason("cudnn-attention", "flux-dev", gpu) == ""  # no dtype given: the device decides
+    monkeypatch.setattr(stack, "fp8_refusal", lambda: "")  # a GPU torchao accepts, of compute capability 9.0
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert "bf16 weights only" in stack.skip_reason("fp8", "flux-dev", gpu, torch.float16)
+    assert stack.skip_reason("fp8", "flux-dev", gpu, torch.bfloat16) == ""
 
 
 def test_ladder_measures_drift_from_its_first_stage():
