@@ -538,7 +538,7 @@ class ModeChecks:
                else "not checkable: no reference" if self.get(parity_row) == "skipped" else self.get(parity_row),
                "hooks in repeated blocks (count)": self.get(trace, "hooks_in_repeated_blocks")
                if self.get(trace) else later,
-               "blocks trace as one graph": self.get(trace, "traced") if self.get(trace) else later}
+               "blocks trace as one graph": text.words(self.get(trace, "traced")) if self.get(trace) else later}
         if not self.run.is_cuda:
             return out
         timed = {f"{SCENARIO[v]} latency (s)": self.ok(f"{mode} offload {SCENARIO[v]}", "latency_median_s")

@@ -384,7 +384,7 @@ def nf4_pipeline_on_cpu(pipeline_class: Any, source: str | Path, quant_config: A
             narrow = generic_cpu_path_for_narrow_layers(model)
             routed = len(decode_by_format(model))
             if narrow and narrow == routed:  # one count, said once
-                path += (f"; {narrow} of {nf4} NF4 layers (rows not a whole number of 64-weight blocks) on "
+                path += (f"; {narrow} of {nf4} NF4 layers (input width not a multiple of the 64-weight block) on "
                          "bitsandbytes' generic CPU kernel, and decoded by the format, which its AVX512 kernel gets wrong")
             else:
                 path += f"; {narrow} of {nf4} NF4 layers on bitsandbytes' generic CPU kernel" if narrow else ""

@@ -136,7 +136,7 @@ def test_offload_rows(tmp_path):
                 "sequential offload leaves the latents unchanged (accelerate stand-in)",
                 "model offload: no hook in the blocks, so they trace as one graph",
                 "on a CPU, model offload's latents equal the reference's with its weights copied, bit for bit",
-                "weights at once: the meta-device count equals what the installed hooks move, per mode",
+                "weights at once: the meta-device count equals what the installed hooks move, per mode (bytes)",
                 "every image shown reads as its prompt's digit (a grid row: at least its floor)"}
     for mode in MODES:
         expected.add(f"{mode} offload: enabling it works")
