@@ -202,7 +202,7 @@ class Read:
     is_digit: bool
 
     def __str__(self) -> str:
-        what = f"a {self.digit}" if self.is_digit else f"not read as a digit (under the limits), likeliest {self.digit}"
+        what = f"a {self.digit}" if self.is_digit else f"under the judge's limits, likeliest {self.digit}"
         return f"{what}, confidence {self.confidence:.2f}, {self.distance:.2f} from the nearest real {self.digit}"
 
 

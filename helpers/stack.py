@@ -203,7 +203,7 @@ def aoti_refusal() -> str:
 
 def skip_reason(lever: str, model: str, device: torch.device, dtype: torch.dtype | None = None) -> str:
     """Why a lever cannot run for this model on this device, in this dtype where given ('' when it can)."""
-    cuda = device.type == "cuda"
+    cuda, dtype_name = device.type == "cuda", str(dtype).removeprefix("torch.")
     if lever == "aoti":
         return aoti_refusal()
     if lever == "cudnn-attention":
@@ -213,7 +213,7 @@ def skip_reason(lever: str, model: str, device: torch.device, dtype: torch.dtype
         if not cuda:
             return "SDPA's cuDNN attention backend needs a CUDA GPU"
         if dtype is not None and dtype not in (torch.bfloat16, torch.float16):
-            return f"SDPA's cuDNN attention takes bf16 or fp16 inputs only; this run is {str(dtype).removeprefix('torch.')}"
+            return f"SDPA's cuDNN attention takes bf16 or fp16 inputs only; this run is {dtype_name}"
     if lever == "fp8":
         refused = fp8_refusal()
         if refused or not cuda:  # torchao's own refusal names the compute capability it needs
@@ -223,7 +223,7 @@ def skip_reason(lever: str, model: str, device: torch.device, dtype: torch.dtype
             return (f"fp8 matmuls need compute capability 8.9 or newer (Ada, Hopper); this GPU is "
                     f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
         if dtype is not None and dtype != torch.bfloat16:
-            return f"torchao's row-wise fp8 takes bf16 weights only; this run is {str(dtype).removeprefix('torch.')}"
+            return f"torchao's row-wise fp8 takes bf16 weights only; this run is {dtype_name}"
     return ""
 
 
