@@ -95,7 +95,7 @@ def test_lora_hotswap_rows(tmp_path, backend):
     assert image_call["graphs"] == 0 and image_call["strength"] == 0.25
     # the fp8 base needs CUDA (compute capability 8.9+): recorded as skipped, with the reason, on a CPU
     fp8 = nb.row("pipeline lora hotswap compiled fp8")
-    assert fp8["status"] == "skipped" and "compute capability 8.9" in fp8["reason"], fp8["reason"]
+    assert fp8["status"] == "skipped" and "compute capability ≥8.9" in fp8["reason"], fp8["reason"]
 
     claims = nb.checks()  # the Checks cell's table, every claim held (the cell raises otherwise)
     assert all(c["holds"] for c in claims.values()) and nb.row("checks")["status"] == "ok"

@@ -52,7 +52,7 @@ def test_caching_attention_steps(tmp_path):
         assert nb.row(f"steps {steps}")["extra"]["block_calls"] == BLOCKS * steps
 
     # 6. the waterfall: fp8 skipped on a CPU with torchao's reason, no stage recompiles after its first image
-    assert "compute capability 8.9" in nb.row("waterfall: + fp8")["reason"]
+    assert "compute capability ≥8.9" in nb.row("waterfall: + fp8")["reason"]
     assert "torchao refuses" in nb.row("waterfall: + fp8")["reason"]
     stages = rows[rows["scenario"].str.startswith("waterfall: ") & (rows["status"] == "ok")
                   & (rows["scenario"] != "waterfall: cache on and off in turn")]  # that row times the last stage again
