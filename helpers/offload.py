@@ -136,6 +136,12 @@ def regional_trace(pipe: Any, inputs: dict[str, Any]) -> tuple[str, compile_tool
     return error, counts
 
 
+def recompile_limits(limit: int) -> Any:
+    """dynamo's recompile_limit raised to limit, and its per-code-object total beside it: every offload hook wraps one
+    shared code object, so past accumulated_recompile_limit (256) dynamo would run the rest eagerly, silently."""
+    return torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 2 * limit))
+
+
 def compile_trace(pipe: Any, inputs: dict[str, Any], recompile_limit: int) -> dict[str, Any]:
     """Compile the whole denoiser with torch.compile (graph breaks allowed) on dynamo's eager backend, under whatever
     hooks the pipeline carries and with recompile_limit raised, and run one forward twice (no kernels are built,
@@ -152,8 +158,7 @@ def compile_trace(pipe: Any, inputs: dict[str, Any], recompile_limit: int) -> di
     compile_tools.reset()
     net.compile(backend="eager")
     try:
-        with (torch._dynamo.config.patch(recompile_limit=recompile_limit,
-                                         accumulated_recompile_limit=max(256, 2 * recompile_limit)),
+        with (recompile_limits(recompile_limit),
               quantize.dynamo_config_at_compile("recompile_limit") as seen):
             with compile_tools.counting() as first:
                 error = error or error_of(lambda: outs.setdefault("first", workloads.first_output(call())))
@@ -449,9 +454,7 @@ class ModeChecks:
                 compile_tools.uncompile(module)
             compile_denoiser(pipe, variant)
             fn = workloads.pipeline_call(pipe, self.run)
-            limit = (torch._dynamo.config.patch(recompile_limit=self.recompile_limit,  # the total too: every hook
-                                                accumulated_recompile_limit=max(256, 2 * self.recompile_limit))
-                     if variant == "compile" else contextlib.nullcontext())  # wraps one shared code object
+            limit = recompile_limits(self.recompile_limit) if variant == "compile" else contextlib.nullcontext()
             with limit, quantize.dynamo_config_at_compile("recompile_limit") as seen:
                 with compile_tools.counting() as first:
                     compile_s, _ = measure.first_call_seconds(fn, self.run.device)
