@@ -97,11 +97,14 @@ NF4_GIB: dict[str, float] = {"transformer": 6.239, "text_encoder_2": 4.019}
 # 1024x1024 image (the VAE decode's, mostly).
 FLUX_EAGER_GIB = 33.85
 FLUX_ACTIVATIONS_GIB = round(FLUX_EAGER_GIB - sum(WEIGHTS_GIB["flux-dev"].values()), 2)
+# diffusers' fuse_qkv_projections keeps the unfused q/k/v layers beside the fused ones: Flux-1-Dev's DiT gains 2.15 B
+# parameters, 4.01 GiB in 16 bits (counted on the meta device, tests/test_fit.py; notebook 15's recipe holds the same)
+FUSED_QKV_GIB = 4.01
 COMPILE_WORKSPACE_GIB = 2.0  # an estimate (not measured yet): what inductor's kernels and graphs may add
 SDXL_ACTIVATIONS_GIB = 3.5  # an estimate (not measured yet): SDXL's UNet and VAE decode at 1024x1024 in fp16
 CONTEXT_GIB = 0.5  # the CUDA context, outside the allocator (estimated; fit.context_gib measures it on a GPU)
 MARGIN_GIB = 0.5  # kept free for the allocator's fragmentation: a peak must stay below the card less both
-MEMORY_CLASSES: tuple[int, ...] = (12, 16, 24, 32, 48, 80)  # the cards a learner has, in GiB (README table)
+MEMORY_CLASSES: tuple[int, ...] = (12, 16, 24, 32, 40, 48, 80)  # the cards a learner has, in GiB (README table)
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,16 @@ def _flux_needs() -> dict[str, Need]:
     compiled = Need("compiled pipeline", round(FLUX_EAGER_GIB + COMPILE_WORKSPACE_GIB, 2),
                     f"estimated: the measured eager peak + {COMPILE_WORKSPACE_GIB:g} GiB of compile workspace")
     fp32 = round(2 * sum(WEIGHTS_GIB["flux-dev"].values()) + 2 * FLUX_ACTIVATIONS_GIB, 2)
+    dit_8bit = (WEIGHTS_GIB["flux-dev"]["transformer"] + FUSED_QKV_GIB) / 2  # its weights are nearly all Linear
     return {
         "eager": eager, "compiled": compiled,
+        "fused-qkv": Need("compiled with fused QKV", round(compiled.gib + FUSED_QKV_GIB, 2),
+                          f"estimated: the compiled estimate + the {FUSED_QKV_GIB:g} GiB of unfused q/k/v that "
+                          "fuse_qkv_projections keeps (counted)"),
+        "aoti": Need("AOTInductor package beside its model",
+                     round(compiled.gib - WEIGHTS_GIB["flux-dev"]["transformer"] + 2 * dit_8bit, 2),
+                     f"estimated: the compiled estimate with an 8-bit fused DiT ({dit_8bit:.2f} GiB) twice, in the "
+                     "model and in the package loaded beside it"),
         "fp32": Need("fp32 reference pipeline", fp32, "estimated: fp32 weights (footprint) + twice the bf16 "
                      "activations measured in 00"),
         "model offload": Need("model CPU offload", 22.7, "published: the hands-on guide's peak on an H100 (GB read as "
@@ -192,7 +203,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "09_nf4_quantization": ("nf4 offload", "nf4", "eager"),
     "10_lora_hotswap": ("compiled",),
     "11_reproduction_report": (),
-    "12_maximum_speed": ("compiled", "eager"),
+    "12_maximum_speed": ("compiled", "fused-qkv", "aoti", "eager"),  # 12 skips a lever whose part does not fit
     "13_beyond_one_gpu": ("compiled",),
     "14_caching_attention_steps": ("compiled", "eager"),
     # 15 with random weights builds bf16 Flux whole (load()'s NF4 and offload need a checkpoint): the compiled need

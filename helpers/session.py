@@ -41,11 +41,12 @@ class Session:
         decision = self._decision()
         return decision.part(part) if decision is not None else ""
 
-    def skipped_parts(self) -> dict[str, str]:
+    def skipped_parts(self, only: tuple[str, ...] | None = None) -> dict[str, str]:
         """fit.PARTS key -> why this run skips it: every part that does not fit this GPU (or GPU_MEMORY_GIB) on the
         full profile (none off it or off CUDA), and those the knob SKIP_PARTS names, to rehearse a smaller card on
-        any profile. A bad SKIP_PARTS raises a ParameterError naming the parts."""
-        parts = fit.PARTS.get(self.run.notebook, ())
+        any profile. only: the parts the notebook can leave out (default: all its parts). A bad SKIP_PARTS raises a
+        ParameterError naming the parts."""
+        parts = fit.PARTS.get(self.run.notebook, ()) if only is None else only
         rehearse = self.run.knobs.get("SKIP_PARTS")
         if rehearse is not None:
             if isinstance(rehearse, str):  # a bare string would be read letter by letter

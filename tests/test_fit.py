@@ -17,6 +17,30 @@ def test_weights_are_the_footprint_of_the_full_models():
     assert {n: round(footprint.nf4_bytes(flux[n])["total_bytes"] / 2**30, 3) for n in fit.NF4_GIB} == fit.NF4_GIB
 
 
+def test_fused_qkv_keeps_the_unfused_layers_beside_the_fused_ones():
+    """diffusers' fuse_qkv_projections adds the fused layers and keeps q/k/v: on Flux-1-Dev's released config, counted
+    on the meta device, FUSED_QKV_GIB more in bf16."""
+    from diffusers import FluxTransformer2DModel
+
+    config = FluxTransformer2DModel.load_config(paths.ROOT / "data" / "configs" / "flux-dev" / "full" / "transformer")
+    with torch.device("meta"):
+        net = FluxTransformer2DModel.from_config(config)
+    before = sum(p.numel() for p in net.parameters())
+    net.fuse_qkv_projections()
+    assert round((sum(p.numel() for p in net.parameters()) - before) * 2 / 2**30, 2) == fit.FUSED_QKV_GIB
+
+
+@pytest.mark.parametrize(("gib", "skipped"), [(40, ["fused-qkv", "aoti"]), (48, []), (80, [])])
+def test_12_skips_fused_qkv_and_the_package_where_their_copy_does_not_fit(gib, skipped, monkeypatch):
+    """On a 40 GB card (an A100) the compiled pipeline fits and 12 runs full, without fused QKV and the package, whose
+    extra copies do not; from 48 GB everything runs. A fused-QKV copy planted at 0 GiB would fit on 40 GB."""
+    s = _planted_session(monkeypatch, "12_maximum_speed", gib)
+    assert s.run.profile == "full" and list(s.skipped_parts()) == skipped
+    assert all(why.startswith("needs 39.9 GiB") for why in s.skipped_parts().values())
+    monkeypatch.setattr(fit, "FUSED_QKV_GIB", 0.0)
+    assert gib != 40 or "fused-qkv" not in _planted_session(monkeypatch, "12_maximum_speed", gib).skipped_parts()
+
+
 def test_the_measured_eager_peak_is_the_committed_h200_row():
     from helpers import results
 

@@ -141,11 +141,22 @@ def test_compile_regions_and_compile_repeated_blocks(nb):
     ("LEVERS", ["turbo"], r"LEVERS contains \['turbo'\]; each entry must be one of: 'cudnn-attention'"),
     ("PROMPT", "  ", r"PROMPT='  ' is not allowed; use a non-empty string"),
     ("COMPARE_REGIONAL", "no", r"COMPARE_REGIONAL='no' is not allowed; choose one of: True, False"),
+    ("SKIP_PARTS", ["eager"], r"SKIP_PARTS contains \['eager'\]; each entry must be one of: 'fused-qkv', 'aoti'"),
+    ("SKIP_PARTS", "aoti", r"SKIP_PARTS='aoti' is not allowed; use None or a list of parts"),
 ])
 def test_bad_knob_fails_fast(tmp_path, knob, value, allowed):
     with pytest.raises(params.ParameterError, match=allowed):
         run_setup(NB, tmp_path, **{knob: value})
     assert not (tmp_path / "results").exists(), "nothing may be written before the parameters are checked"
+
+
+def test_skip_parts_skips_a_lever_as_if_it_did_not_fit(tmp_path):
+    """SKIP_PARTS rehearses what helpers.fit decides on a 40 GB card (tests/test_fit.py): fused QKV and the package
+    skipped, with the reason the ladder records; without it, nothing is skipped for memory off a GPU."""
+    too_big = run_setup(NB, tmp_path, SKIP_PARTS=["fused-qkv", "aoti"])["too_big"]
+    assert list(too_big) == ["fused-qkv", "aoti"] and "needs 39.9 GiB" in too_big["fused-qkv"]
+    assert all(why.startswith("SKIP_PARTS rehearses a smaller card") for why in too_big.values())
+    assert run_setup(NB, tmp_path / "none")["too_big"] == {}
 
 
 def _tiny_flux() -> FluxTransformer2DModel:
