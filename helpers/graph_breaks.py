@@ -111,7 +111,7 @@ def graph_break_logs() -> Iterator[tuple[list[str], list[str]]]:
         torch._logging.set_logs()
 
 
-def _kind(reason: str) -> str:
+def kind(reason: str) -> str:
     """The planted kind (a key of REASON_MARKERS) a break reason belongs to, or 'other'."""
     return next((k for k, marks in REASON_MARKERS.items() if any(m in reason for m in marks)), "other")
 
@@ -127,7 +127,7 @@ def find_breaks(module: torch.nn.Module, inputs: dict[str, Any]) -> BreakReport:
     for group in ("graph_break", "unimplemented"):
         for key, n in counters[group].items():
             reasons[_first_line(key)] = reasons.get(_first_line(key), 0) + n
-            entries.append({"planted kind": _kind(key), "counter key": group, "count": n,
+            entries.append({"planted kind": kind(key), "counter key": group, "count": n,
                             "reason (first line)": _first_line(key),
                             "graph break in a loop": "graph break in loop" in key})
     graphs = []
