@@ -205,7 +205,7 @@ PARTS: dict[str, tuple[str, ...]] = {
     "11_reproduction_report": (),
     "12_maximum_speed": ("compiled", "fused-qkv", "aoti", "eager"),  # 12 skips a lever whose part does not fit
     "13_beyond_one_gpu": ("compiled",),
-    "14_caching_attention_steps": ("compiled", "eager"),
+    "14_caching_attention_steps": ("compiled", "fused-qkv", "eager"),
     # 15 with random weights builds bf16 Flux whole (load()'s NF4 and offload need a checkpoint): the compiled need
     "15_the_recipe": ("compiled",),
     TRANSFER_NOTEBOOK: TRANSFER_MODELS,

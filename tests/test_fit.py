@@ -41,6 +41,14 @@ def test_12_skips_fused_qkv_and_the_package_where_their_copy_does_not_fit(gib, s
     assert gib != 40 or "fused-qkv" not in _planted_session(monkeypatch, "12_maximum_speed", gib).skipped_parts()
 
 
+@pytest.mark.parametrize("gib", [40, 48])
+def test_14_skips_its_fused_qkv_stage_where_the_copy_does_not_fit(gib, monkeypatch):
+    """14's waterfall fuses QKV on the compiled pipeline: on a 40 GB card that stage is skipped with its need."""
+    skipped = _planted_session(monkeypatch, "14_caching_attention_steps", gib).skipped_parts(only=("fused-qkv",))
+    assert (list(skipped) == ["fused-qkv"] and skipped["fused-qkv"].startswith("needs 39.9 GiB")) if gib == 40 else (
+        skipped == {})
+
+
 def test_the_measured_eager_peak_is_the_committed_h200_row():
     from helpers import results
 
