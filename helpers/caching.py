@@ -121,7 +121,7 @@ def skip_problem(setting: float, counts: Counts, *, off: bool) -> str:
 SHOWN_AS: dict[str, str] = {
     "speedup": "speedup (x)", "distance": "distance to reference (rel. L2)", "psnr_db": "PSNR vs reference (dB)",
     "ssim": "SSIM vs reference", "recognized": "read as prompted (share)", "same_digit": "same digit as reference (share)",
-    "frechet": "Frechet distance to real digits", "calls": "block calls", "skipped_share": "skipped (share)",
+    "frechet": "Frechet distance to real digits", "calls": "calls (of its unit)", "skipped_share": "skipped (share)",
     "skipped_timed_share": "skipped in the timed image (share)",
 }
 THRESHOLD_CACHES: tuple[str, ...] = ("first-block", "mag")  # decide by a threshold; the other three by an interval

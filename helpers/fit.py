@@ -206,8 +206,9 @@ PARTS: dict[str, tuple[str, ...]] = {
     "12_maximum_speed": ("compiled", "fused-qkv", "aoti", "eager"),  # 12 skips a lever whose part does not fit
     "13_beyond_one_gpu": ("compiled",),
     "14_caching_attention_steps": ("compiled", "fused-qkv", "eager"),
-    # 15 with random weights builds bf16 Flux whole (load()'s NF4 and offload need a checkpoint): the compiled need
-    "15_the_recipe": ("compiled",),
+    # 15 with random weights builds bf16 Flux whole (load()'s NF4 and offload need a checkpoint): the compiled need;
+    # its fast() fuses QKV only where the copy fits (the same rule: tests/test_nb15_the_recipe.py)
+    "15_the_recipe": ("compiled", "fused-qkv"),
     TRANSFER_NOTEBOOK: TRANSFER_MODELS,
 }
 # What fits instead, named in a refusal: by model, the notebook or setting with the smallest need.

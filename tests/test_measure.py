@@ -160,6 +160,10 @@ def test_told_apart_only_beyond_the_larger_spread():
 
     assert not measure.told_apart(12.6, 13.5, 2.0, 0.1) and measure.told_apart(10.0, 13.5, 0.5, 0.5)
     assert not measure.told_apart(1.0, 1.5, 0.0, 0.5)  # a gap equal to the spread is not told apart
+    def timing(*samples: float) -> measure.Timing:
+        return measure.Timing(list(samples), 0, "wall")
+
+    assert not timing(12.0, 14.0).told_apart(timing(12.6, 12.7)) and timing(10.0, 10.5).told_apart(timing(13.4, 13.6))
 
 
 def test_human_seconds_picks_the_unit_that_reads():

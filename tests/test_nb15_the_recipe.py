@@ -149,6 +149,18 @@ def planted_gpu(recipe, monkeypatch):
     return plant
 
 
+def test_fast_fuses_qkv_on_the_cards_where_helpers_fit_says_the_copy_fits(recipe, planted_gpu):
+    """fast() fuses QKV on the bf16 plan without offload, where the copy fits beside it; the README's table says the
+    same (helpers.fit's part 'fused-qkv' of notebook 15): a 40 GB card runs 15 without it, 48 GB with it."""
+    for gib in fit.MEMORY_CLASSES:
+        planted_gpu(gib)
+        plan, decision = recipe["memory_plan"](), fit.decide("15_the_recipe", "flux-dev", gib)
+        fuses = not plan["nf4"] and plan["offload"] is None and recipe["room_for_fused_qkv"]()
+        assert fuses == (decision.runs and decision.part("fused-qkv") == ""), gib
+    assert not fit.decide("15_the_recipe", "flux-dev", 40).part("compiled") and fit.decide(
+        "15_the_recipe", "flux-dev", 40).part("fused-qkv")
+
+
 def test_on_a_planted_24_gib_gpu_the_recipe_offloads_bf16_and_picks_nf4_only_when_allowed(recipe, planted_gpu):
     planted_gpu(24)
     plan = recipe["memory_plan"]()  # the memory read from the (planted) GPU, as on a real one
