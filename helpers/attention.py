@@ -224,10 +224,13 @@ def resolve_knobs(profile: str, implementations: list[str] | None, resolutions: 
         raise params.ParameterError(f"IMPLEMENTATIONS={impls!r} must include {REFERENCE!r}, the reference")
     res = params.check_positive_ints("RESOLUTIONS", DEFAULT_RESOLUTIONS[profile] if resolutions is None else resolutions,
                                      16)
+    if len(set(res)) < 2:  # section 4 compares the memory of its smallest and largest size
+        raise params.ParameterError(f"RESOLUTIONS={res!r} needs two different sizes or more: the sweep compares how "
+                                    f"attention's memory grows with them")
     sizes = params.check_positive_ints("BATCHES", DEFAULT_BATCHES[profile] if batches is None else batches)
     formats = params.check_subset("SDPA_DTYPES", ["fp32", "fp16"] if sdpa_dtypes is None else sdpa_dtypes,
                                   list(params.DTYPES))
-    return Knobs([REFERENCE] + [i for i in impls if i != REFERENCE], sorted(res), sorted(sizes), formats)
+    return Knobs([REFERENCE] + [i for i in impls if i != REFERENCE], sorted(set(res)), sorted(sizes), formats)
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,7 @@ TRANSFER_MODELS: tuple[str, ...] = ("flux-dev", "qwen-image", "flux2-dev")  # MO
 PARTS: dict[str, tuple[str, ...]] = {
     "00_setup_and_baseline": ("eager",),
     "01_dtype": ("fp32", "eager"),
-    "02_attention_sdpa": ("eager",),
+    "02_attention_sdpa": ("eager", "fp32"),  # fp32: Going deeper's SDPA gain in fp32 converts the whole pipeline
     "03_torch_compile": ("compiled", "eager"),
     "04_regional_compilation": ("compiled", "eager"),
     "05_dynamic_shapes": ("compiled",),

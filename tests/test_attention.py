@@ -117,6 +117,7 @@ def test_resolve_knobs_defaults_and_refusals():
         ["sdpa-math", "naive"], [512, 1024], [1, 4, 16, 32], ["bf16"])
     for bad, match in (({"implementations": ["naive"]}, "must include 'sdpa-math'"),
                        ({"resolutions": [100]}, "divisible by 16"), ({"resolutions": []}, "RESOLUTIONS"),
+                       ({"resolutions": [128, 128]}, "needs two different sizes"),
                        ({"batches": [0, 2]}, "BATCHES"), ({"sdpa_dtypes": ["fp8"]}, "SDPA_DTYPES")):
         given = {"implementations": None, "resolutions": None, "batches": None, "sdpa_dtypes": None} | bad
         with pytest.raises(params.ParameterError, match=match):

@@ -49,6 +49,18 @@ def test_14_skips_its_fused_qkv_stage_where_the_copy_does_not_fit(gib, monkeypat
         skipped == {})
 
 
+@pytest.mark.parametrize(("notebook", "model", "gib", "part", "skipped"), [
+    ("02_attention_sdpa", "flux-dev", 48, "fp32", True), ("02_attention_sdpa", "flux-dev", 80, "fp32", False),
+    ("02_attention_sdpa", "sdxl", 16, "fp32", True), ("02_attention_sdpa", "sdxl", 24, "fp32", False),
+])
+def test_parts_a_notebook_leaves_out_on_a_card_where_they_do_not_fit(notebook, model, gib, part, skipped, monkeypatch):
+    """02's fp32 pipeline (Going deeper) is left out, with its need, where the card cannot hold it, while the notebook
+    runs (16's Qwen-Image: test_notebook_16_skip_reason_by_model)."""
+    s = _planted_session(monkeypatch, notebook, gib, MODEL=model)
+    assert s.run.profile == "full" and bool(s.skip_reason(part)) == skipped
+    assert not skipped or s.skip_reason(part).startswith("needs ")
+
+
 def test_the_measured_eager_peak_is_the_committed_h200_row():
     from helpers import results
 

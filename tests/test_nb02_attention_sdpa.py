@@ -123,10 +123,24 @@ def test_bad_knobs_fail_fast(tmp_path):
         run_setup("02_attention_sdpa", tmp_path, IMPLEMENTATIONS=["naive"])
     with pytest.raises(params.ParameterError, match="divisible by 16"):
         run_setup("02_attention_sdpa", tmp_path, RESOLUTIONS=[100])
+    with pytest.raises(params.ParameterError, match="two different sizes"):
+        run_setup("02_attention_sdpa", tmp_path, RESOLUTIONS=[128])
     with pytest.raises(params.ParameterError, match="BATCHES"):
         run_setup("02_attention_sdpa", tmp_path, BATCHES=[0, 2])
     with pytest.raises(params.ParameterError, match="SDPA_DTYPES"):
         run_setup("02_attention_sdpa", tmp_path, SDPA_DTYPES=["fp8"])
     with pytest.raises(params.ParameterError, match="PROMPT=.*non-empty string"):
         run_setup("02_attention_sdpa", tmp_path, PROMPT="")
+    with pytest.raises(params.ParameterError, match=r"SKIP_PARTS contains \['eager'\].*'fp32'"):
+        run_setup("02_attention_sdpa", tmp_path, SKIP_PARTS=["eager"])
     assert not (tmp_path / "results").exists()
+
+
+def test_a_whole_fp32_pipeline_too_big_for_the_gpu_is_skipped_with_its_need(tmp_path):
+    """SKIP_PARTS rehearses helpers.fit's decision on a 40-48 GB card (tests/test_fit.py): Going deeper's fp32
+    comparison is a skipped row with the GiB it needs, and fp16 still runs."""
+    nb = run_notebook("02_attention_sdpa", tmp_path, SKIP_PARTS=["fp32"], RESOLUTIONS=[128, 256], BATCHES=[1],
+                      IMPLEMENTATIONS=["naive", "sdpa-math"])
+    skipped = nb.row("dtype fp32")
+    assert skipped["status"] == "skipped" and "on the full profile it needs 67.7 GiB" in skipped["reason"]
+    assert nb.row("dtype fp16 step sdpa")["status"] == "ok" and "dtype fp32 step sdpa" not in set(nb.rows["scenario"])
