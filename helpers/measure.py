@@ -308,7 +308,7 @@ def compare_medians(a: Timing, b: Timing, name_a: str, name_b: str) -> str:
     gap = abs(a.median_s - b.median_s)
     spread = max(a.spread_s, b.spread_s)
     ms = f"{a.median_s * 1e3:.1f} ms vs {b.median_s * 1e3:.1f} ms median"
-    if not a.told_apart(b):
+    if not told_apart(a.median_s, b.median_s, a.spread_s, b.spread_s):
         return (f"{name_a} and {name_b} are not told apart by this run: {ms}, a gap of {gap * 1e3:.1f} ms within "
                 f"the larger max-min spread ({spread * 1e3:.1f} ms)")
     word = "faster" if a.median_s < b.median_s else "slower"
