@@ -43,3 +43,21 @@ def test_the_split_encodes_the_notebooks_prompt(monkeypatch):
     length = {p: pipelines.denoiser_inputs(pipe, height=128, width=128, prompt=p)["encoder_hidden_states"].shape[1]
               for p in (pipelines.PROMPT, fox)}
     assert length[pipelines.PROMPT] % 2 == 1 and length[fox] != length[pipelines.PROMPT], length
+
+
+def test_a_rank_dying_at_teardown_after_the_result_is_written_keeps_the_result(monkeypatch):
+    """gloo can abort a rank at exit ("terminate called without an active exception"): where rank 0 wrote its result
+    first, the result stands and the teardown is named; where nothing was written, the launch error is the result."""
+    from helpers import parallel
+
+    def launch(result: str | None):
+        def fake(nproc: int, *target: str, timeout_s: float = 600) -> str:
+            if result is not None:
+                Path(target[9]).write_text(result)  # OUT_JSON, as main's rank 0 writes it
+            raise RuntimeError("torchrun exited 1:\nterminate called without an active exception")
+        monkeypatch.setattr(parallel, "torchrun", fake)
+        return transfer_cp.run_split("flux-dev", "smoke", "bf16", 0, 128, 128, 32)
+
+    kept = launch('{"drift": 0.001, "degree": 2}')
+    assert kept["drift"] == 0.001 and "error" not in kept and "terminate called" in kept["teardown_error"]
+    assert launch(None) == {"error": "torchrun exited 1:"}
