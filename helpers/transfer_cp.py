@@ -105,11 +105,13 @@ def run_split(model: str, profile: str, dtype_name: str, seed: int, height: int,
             parallel.torchrun(degree, "-m", "helpers.transfer_cp", model, profile, dtype_name, str(seed),
                               str(height), str(width), str(tokens), str(out), str(weights), prompt, timeout_s=timeout_s)
         except (RuntimeError, OSError) as err:
+            lines = str(err).strip().splitlines()
             if not out.is_file():
-                return {"error": str(err).strip().splitlines()[0]}
+                return {"error": lines[0]}
             # the result was written and a rank died at teardown after it: gloo's threads can abort a process on
             # exit ("terminate called without an active exception", torch 2.13, CPU): the measurement stands
-            return json.loads(out.read_text()) | {"teardown_error": text.cut(" ".join(str(err).split()), 200)}
+            abort = next((ln.strip() for ln in lines if "terminate called" in ln or "Signal " in ln), "")
+            return json.loads(out.read_text()) | {"teardown_error": f"{lines[0]} {abort}".strip()}
         return json.loads(out.read_text())
 
 
