@@ -150,8 +150,15 @@ def planted_gpu(recipe, monkeypatch):
 
 
 def test_fast_fuses_qkv_on_the_cards_where_helpers_fit_says_the_copy_fits(recipe, planted_gpu):
-    """fast() fuses QKV on the bf16 plan without offload, where the copy fits beside it; the README's table says the
-    same (helpers.fit's part 'fused-qkv' of notebook 15): a 40 GB card runs 15 without it, 48 GB with it."""
+    """fuse_qkv_projections keeps q/k/v beside the fused layers: the recipe counts helpers.fit's copy (counted on
+    Flux-1-Dev's config in tests/test_fit.py). fast() fuses QKV on the bf16 plan without offload, where the copy fits
+    beside it; the README's table says the same (helpers.fit's part 'fused-qkv' of notebook 15): a 40 GB card (an
+    A100) runs 15 without it, 48 and 80 GB with it."""
+    assert recipe["FUSED_QKV_GIB"] == fit.FUSED_QKV_GIB
+    planted_gpu(40)
+    assert recipe["memory_plan"]()["offload"] is None and not recipe["room_for_fused_qkv"]()
+    planted_gpu(80)
+    assert recipe["room_for_fused_qkv"]()
     for gib in fit.MEMORY_CLASSES:
         planted_gpu(gib)
         plan, decision = recipe["memory_plan"](), fit.decide("15_the_recipe", "flux-dev", gib)
@@ -268,12 +275,3 @@ def _draw_counted(draw, pipe):
     return image, counted
 
 
-def test_the_recipe_counts_the_fused_qkv_copy(recipe, planted_gpu):
-    """fuse_qkv_projections keeps q/k/v beside the fused layers: the recipe counts helpers.fit's copy (counted on
-    Flux-1-Dev's config in tests/test_fit.py). A 40 GiB card (an A100) has no room for it beside the bf16 plan's
-    peak, so fast() leaves QKV unfused there; an 80 GiB card fuses."""
-    assert recipe["FUSED_QKV_GIB"] == fit.FUSED_QKV_GIB
-    planted_gpu(40)
-    assert recipe["memory_plan"]()["offload"] is None and not recipe["room_for_fused_qkv"]()
-    planted_gpu(80)
-    assert recipe["room_for_fused_qkv"]()
